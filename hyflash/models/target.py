@@ -1,0 +1,391 @@
+"""The target: one export-friendly decoder for the Llama family.
+
+Covers Llama (including Llama-3 rope scaling), Mistral / SmolLM (plain Llama), Qwen2
+(q/k/v bias) and Qwen3 (per-head q/k RMSNorm), tied or untied embeddings, GQA.
+
+``forward(tokens, start_pos)`` returns logits for every position and the *features*:
+the hidden states after the tap layers, concatenated per token. That is what the
+drafter conditions on. With a static KV cache set up (``setup_cache``), keys and values
+are written at ``start_pos .. start_pos+T-1``; rolling back is just calling forward
+again at an earlier ``start_pos``: stale entries beyond it are masked and overwritten.
+Without a cache, forward is a plain causal pass (used to compute training features).
+
+No data-dependent Python control flow runs in forward, so torch.export can trace it.
+Module names mirror Hugging Face's, so a checkpoint's state dict loads one to one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyflash.errors import HyflashError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_SCALING = (None, "default", "llama3", "linear")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+class TargetLoadError(HyflashError):
+    """A model folder or config this module cannot load; the message says why and what to do."""
+
+
+@dataclass
+class TargetConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_seq_len: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tap_layers: tuple[int, ...] = ()
+    model_type: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        self.tap_layers = tuple(self.tap_layers) or default_tap_layers(self.num_hidden_layers)
+        bad = [i for i in self.tap_layers if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise TargetLoadError(
+                f"tap layers {bad} out of range: the model has {self.num_hidden_layers} "
+                f"layers (0..{self.num_hidden_layers - 1})"
+            )
+        self.eos_token_ids = tuple(self.eos_token_ids)
+
+    @property
+    def feature_size(self) -> int:
+        return len(self.tap_layers) * self.hidden_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TargetConfig:
+        return cls(**d)
+
+    @classmethod
+    def from_hf(cls, hf: dict, max_seq_len: int | None = None,
+                tap_layers: tuple[int, ...] = ()) -> TargetConfig:
+        """Translate a Hugging Face config.json dict."""
+        mt = hf.get("model_type")
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise TargetLoadError(
+                f"unsupported model_type {mt!r}: supported are {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        rs = hf.get("rope_scaling")
+        kind = None if rs is None else rs.get("rope_type", rs.get("type"))
+        if kind not in SUPPORTED_ROPE_SCALING:
+            raise TargetLoadError(
+                f"unsupported rope_scaling type {kind!r}: supported are llama3, linear or none"
+            )
+        if hf.get("hidden_act", "silu") != "silu":
+            raise TargetLoadError(f"unsupported hidden_act {hf['hidden_act']!r}: only silu")
+        if hf.get("mlp_bias"):
+            raise TargetLoadError("unsupported mlp_bias=true: only bias-free MLPs")
+        heads = hf["num_attention_heads"]
+        limit = max_seq_len or min(hf.get("max_position_embeddings", DEFAULT_MAX_SEQ_LEN),
+                                   DEFAULT_MAX_SEQ_LEN)
+        window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+        if window and limit > window:
+            raise TargetLoadError(
+                f"max_seq_len {limit} exceeds the model's sliding window {window}; "
+                f"pass max_seq_len <= {window}"
+            )
+        eos = hf.get("eos_token_id")
+        eos = () if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,))
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            max_seq_len=limit,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=hf.get("rope_theta", 10000.0),
+            rope_scaling=None if kind in (None, "default") else dict(rs),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=mt == "qwen2" or bool(hf.get("attention_bias", False)),
+            qk_norm=mt == "qwen3",
+            tap_layers=tuple(tap_layers),
+            model_type=mt,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos,
+        )
+
+
+def default_tap_layers(n_layers: int, k: int = 3) -> tuple[int, ...]:
+    """k layers spread over depth, skipping the embedding-like first and the last layer."""
+    if n_layers <= k:
+        return tuple(range(n_layers))
+    lo, hi = 1, n_layers - 2
+    return tuple(sorted({round(lo + (hi - lo) * i / (k - 1)) for i in range(k)}))
+
+
+# -------------------------------------------------------------------------- layers
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    if scaling is None:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = scaling["factor"]
+    if kind == "linear":
+        return inv / factor
+    # llama3: keep high frequencies, divide low ones by factor, blend in between
+    lo_f, hi_f = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_ctx = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    smooth = (old_ctx / wavelen - lo_f) / (hi_f - lo_f)
+    blended = (1 - smooth) * inv / factor + smooth * inv
+    out = torch.where(wavelen > old_ctx / lo_f, inv / factor, blended)
+    return torch.where(wavelen < old_ctx / hi_f, inv, out)
+
+
+def rope_tables(cfg: TargetConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    ang = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv)
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, T, D]; cos/sin: [T, D] (Hugging Face's rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rot * sin).to(x.dtype)
+
+
+class KVCache(nn.Module):
+    """Static per-layer cache [B, kv_heads, max_seq_len, head_dim], written by position."""
+
+    def __init__(self, batch: int, heads: int, max_seq_len: int, head_dim: int, dtype):
+        super().__init__()
+        shape = (batch, heads, max_seq_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def update(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        self.k.index_copy_(2, pos, k.to(self.k.dtype))
+        self.v.index_copy_(2, pos, v.to(self.v.dtype))
+        return self.k, self.v
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, kvh, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x, cos, sin, pos, mask):
+        b, t, _ = x.shape
+        c = self.cfg
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(pos, k, v)
+        rep = c.num_attention_heads // c.num_key_value_heads
+        k = k.repeat_interleave(rep, dim=1).to(q.dtype)
+        v = v.repeat_interleave(rep, dim=1).to(q.dtype)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, pos, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, pos, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# --------------------------------------------------------------------------- model
+
+class Target(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.cache_batch = 0
+
+    def setup_cache(self, batch: int = 1, dtype: torch.dtype | None = None) -> None:
+        """Allocate the static KV cache; forward then reads and writes it by position."""
+        c = self.cfg
+        dtype = dtype or self.embed_tokens.weight.dtype
+        for layer in self.layers:
+            layer.self_attn.kv_cache = KVCache(batch, c.num_key_value_heads, c.max_seq_len,
+                                               c.head_dim, dtype)
+        self.cache_batch = batch
+
+    def drop_cache(self) -> None:
+        for layer in self.layers:
+            layer.self_attn.kv_cache = None
+        self.cache_batch = 0
+
+    def forward(self, tokens: torch.Tensor, start_pos: torch.Tensor | int = 0):
+        """tokens [B, T] at positions start_pos.. -> (logits [B, T, V], features [B, T, F])."""
+        t = tokens.shape[1]
+        start = torch.as_tensor(start_pos, dtype=torch.long).reshape(())
+        pos = start + torch.arange(t, dtype=torch.long)
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        if self.cache_batch:
+            keys = torch.arange(self.cfg.max_seq_len, dtype=torch.long)
+        else:
+            keys = pos
+        mask = keys[None, :] <= pos[:, None]
+        x = self.embed_tokens(tokens)
+        taps = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, pos, mask)
+            if i in self.cfg.tap_layers:
+                taps.append(x)
+        logits = self.lm_head(self.norm(x))
+        return logits, torch.cat(taps, dim=-1)
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(cls, path_or_id: str | Path, *, dtype: str = "float32",
+                        max_seq_len: int | None = None,
+                        tap_layers: tuple[int, ...] = ()) -> Target:
+        """Load a Hugging Face model folder (or hub id) with safetensors weights."""
+        if dtype not in DTYPES:
+            raise TargetLoadError(f"unsupported dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        folder = resolve_model_folder(path_or_id)
+        cfg = TargetConfig.from_hf(read_hf_config(folder), max_seq_len, tap_layers)
+        state = load_safetensors(folder)
+        with torch.device("meta"):
+            model = cls(cfg)
+        model = model.to_empty(device="cpu")
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
+        unexpected = [k for k in unexpected if "rotary_emb" not in k]
+        if missing or unexpected:
+            raise TargetLoadError(
+                f"weights in {folder} do not match a {cfg.model_type} model: "
+                f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        return model.cast(DTYPES[dtype]).eval()
+
+    def cast(self, dtype: torch.dtype) -> Target:
+        """Cast weights; rope tables stay float32 (positions up to max_seq_len need it)."""
+        self.to(dtype)
+        self.rope_cos, self.rope_sin = rope_tables(self.cfg)
+        return self
+
+
+def resolve_model_folder(path_or_id: str | Path) -> Path:
+    p = Path(path_or_id)
+    if p.is_dir():
+        return p
+    if p.exists() or str(path_or_id).startswith((".", "/", "~")) or str(path_or_id).count("/") != 1:
+        raise TargetLoadError(f"no model folder at {path_or_id}: pass a Hugging Face model "
+                              "folder (config.json + *.safetensors) or a hub id like org/name")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(path_or_id),
+                                      allow_patterns=["*.json", "*.safetensors", "*.model",
+                                                      "*.txt"]))
+    except Exception as e:  # network, auth, missing repo: all end the same way for the user
+        raise TargetLoadError(f"could not fetch hub model {path_or_id}: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def read_hf_config(folder: Path) -> dict:
+    f = folder / "config.json"
+    if not f.exists():
+        raise TargetLoadError(f"no config.json in {folder}: not a Hugging Face model folder")
+    return json.loads(f.read_text())
+
+
+def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise TargetLoadError(f"no weights in {folder}: expected model.safetensors or a "
+                              "sharded model.safetensors.index.json (convert .bin with "
+                              "transformers' save_pretrained(safe_serialization=True))")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        if not (folder / name).exists():
+            raise TargetLoadError(f"missing weight shard {name} in {folder}")
+        state.update(load_file(folder / name))
+    return state
