@@ -8,6 +8,7 @@ Problems the user can fix (HyflashError) print as one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,18 @@ def not_yet(what: str, issue: int | None = None) -> Callable[[argparse.Namespace
 
     def run(args: argparse.Namespace) -> int:
         raise HyflashError(f"{what} is not implemented yet{tracked}")
+    return run
+
+
+def lazy_args(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(p: argparse.ArgumentParser) -> None:
+        importlib.import_module(module).add_arguments(p)
+    return add
+
+
+def lazy_run(module: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(module).run(args)
     return run
 
 
@@ -90,7 +103,7 @@ COMMANDS: dict[str, Command] = {
         "train a HyFlash (or full-context baseline) drafter for a target",
         "Self-distil a compact parallel drafter from a target model: the target writes "
         "the continuations, the drafter learns to predict whole blocks of them.",
-        lambda p: None, not_yet("hyflash train", 4)),
+        lazy_args("hyflash.train.command"), lazy_run("hyflash.train.command")),
     "export": Command(
         "export a target + drafter pair to ONNX, ExecuTorch or Core ML",
         "Write one artifact bundle (model files + manifest.json) for a phone runtime, "
@@ -105,7 +118,7 @@ COMMANDS: dict[str, Command] = {
         "generate text with speculative decoding and print the stats",
         "Stream tokens from a target (optionally with a drafter) and report tau, "
         "per-position acceptance, time split and tokens/s.",
-        lambda p: None, not_yet("hyflash generate", 5)),
+        lazy_args("hyflash.runtime.command"), lazy_run("hyflash.runtime.command")),
     "bench": Command(
         "benchmark speculative vs plain decoding",
         "Measure tokens/s, tau and memory over a prompt set, side by side in one process.",

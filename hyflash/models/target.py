@@ -227,11 +227,15 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(pos, k, v)
+        # GQA without copying the cache: the query heads sharing a KV head are stacked
+        # along the query axis, so each KV head is read once (no repeat, no broadcast copy)
         rep = c.num_attention_heads // c.num_key_value_heads
-        k = k.repeat_interleave(rep, dim=1).to(q.dtype)
-        v = v.repeat_interleave(rep, dim=1).to(q.dtype)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+        q = q.reshape(b, c.num_key_value_heads, rep * t, c.head_dim)
+        scores = (q @ k.to(q.dtype).transpose(-1, -2)) * c.head_dim ** -0.5
+        scores = scores.masked_fill(~mask.repeat(rep, 1), float("-inf"))
+        y = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v.to(q.dtype)
+        y = y.unflatten(2, (rep, t)).permute(0, 3, 1, 2, 4)  # [b, t, kv heads, rep, hd]
+        return self.o_proj(y.reshape(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -347,6 +351,11 @@ class Target(nn.Module):
 
 
 def resolve_model_folder(path_or_id: str | Path) -> Path:
+    """A local folder, the keyword ``pocket`` (the embedded model), or a hub id."""
+    if str(path_or_id) == "pocket":
+        from hyflash.models import pocket
+
+        return pocket.path()
     p = Path(path_or_id)
     if p.is_dir():
         return p

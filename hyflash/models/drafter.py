@@ -1,0 +1,329 @@
+"""The HyFlash drafter: a parallel block drafter with a prefix-memory prior.
+
+One pass drafts a whole block ``[anchor, MASK, ..., MASK]`` (block size B) conditioned on
+the target's *context features* (its tap-layer hidden states of committed tokens,
+projected by ``fc``). Each layer's block queries attend, non-causally, to
+
+- the last W context features (the local window) and the block itself, and
+- a recurrent memory that absorbed the features older than the window (``memory.py``),
+  mixed in by a learned per-head gate.
+
+So draft-side memory is bounded: window + state, whatever the context length. The
+full-context baseline is the same code with W = max_seq_len and no memory.
+
+Two execution forms of the same weights:
+
+- ``forward(tokens, features, anchors)``: parallel, for training. Many anchors per
+  sequence in one pass; window masks and memory read-outs for all anchors at once.
+- ``commit(state, features, n_valid)`` + ``draft(state, anchor)``: step, for inference.
+  All state is fixed-shape tensors (``init_state``), so it can be explicit model I/O.
+  The window stores fused context features (one vector per token) and derives each
+  layer's keys/values per call: smaller on the phone than per-layer K/V.
+
+The drafter shares the target's token embedding and LM head and never trains them.
+Position p's anchor has context features 0..p-1 and predicts tokens p+1..p+B-1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyflash.errors import HyflashError
+from hyflash.models.memory import MEMORY_KINDS, make_memory
+from hyflash.models.target import MLP, RMSNorm, Target, TargetConfig
+
+ARCHS = ("hyflash", "full")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class DrafterConfig:
+    vocab_size: int
+    hidden_size: int
+    feature_size: int
+    intermediate_size: int
+    max_seq_len: int
+    num_layers: int = 2
+    num_heads: int = 8
+    block_size: int = 8
+    window: int = 64
+    memory: str = "decayed-linear"
+    arch: str = "hyflash"
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tap_layers: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        self.tap_layers = tuple(self.tap_layers)
+        if self.arch not in ARCHS:
+            raise HyflashError(f"unknown drafter arch {self.arch!r}: choose hyflash or full")
+        if self.memory not in MEMORY_KINDS:
+            raise HyflashError(f"unknown memory kind {self.memory!r}: choose one of "
+                               f"{', '.join(MEMORY_KINDS)}")
+        if not 1 <= self.num_layers <= 4:
+            raise HyflashError(f"num_layers {self.num_layers} out of range: use 1..4")
+        if self.hidden_size % self.num_heads:
+            raise HyflashError(f"hidden size {self.hidden_size} is not divisible by "
+                               f"{self.num_heads} heads")
+        if not 2 <= self.block_size <= self.max_seq_len // 2:
+            raise HyflashError(f"block size {self.block_size} must be in 2..{self.max_seq_len // 2}"
+                               f" (half the context {self.max_seq_len})")
+        if self.block_size > self.window:
+            raise HyflashError(f"window {self.window} must hold at least one block "
+                               f"({self.block_size})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def commit_size(self) -> int:
+        """Rows per step-form commit: one verify round commits at most B features."""
+        return self.block_size
+
+    @classmethod
+    def for_target(cls, t: TargetConfig, arch: str = "hyflash", **kw) -> DrafterConfig:
+        """A drafter sized for target t; ``full`` = window over the whole context, no memory."""
+        max_seq = kw.pop("max_seq_len", t.max_seq_len)
+        if arch == "full":
+            kw.update(window=max_seq, memory="none")
+        return cls(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+                   feature_size=t.feature_size, intermediate_size=t.intermediate_size,
+                   max_seq_len=max_seq, rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
+                   tap_layers=t.tap_layers, arch=arch, **kw)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half rope computed from positions (any integer, no table): x [N,H,S,D], pos [N,S]."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    ang = pos.to(torch.float32)[..., None] * inv
+    ang = torch.cat([ang, ang], -1)[:, None]  # [N, 1, S, D]
+    half = d // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * ang.cos() + rot * ang.sin()).to(x.dtype)
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.memory = make_memory(cfg.memory, cfg.num_heads, cfg.head_dim, d)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        n, s, _ = x.shape
+        return x.view(n, s, self.cfg.num_heads, self.cfg.head_dim).transpose(1, 2)
+
+    def context_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-rope keys and values of context features [N, K, D] -> [N, H, K, hd]."""
+        return self.heads(self.k_proj(ctx)), self.heads(self.v_proj(ctx))
+
+    def forward(self, h, h_pos, ctx, ctx_pos, mask, mem):
+        """h [N,Q,D] block states at h_pos [N,Q]; ctx [N,K,D] at ctx_pos [N,K];
+        mask [N,Q,K+Q]; mem: ("parallel", age [N,Q,K]) or ("state", S, z) or None."""
+        x = self.input_layernorm(h)
+        q = self.heads(self.q_proj(x))
+        kc, vc = self.context_kv(ctx)
+        kb, vb = self.context_kv(x)
+        theta = self.cfg.rope_theta
+        k = torch.cat([rope(kc, ctx_pos, theta), rope(kb, h_pos, theta)], dim=2)
+        v = torch.cat([vc, vb], dim=2)
+        o = F.scaled_dot_product_attention(rope(q, h_pos, theta), k, v, attn_mask=mask[:, None])
+        if self.memory is not None and mem is not None:
+            if mem[0] == "parallel":
+                read = self.memory.read_parallel(q, kc, vc, mem[1])
+            else:
+                read = self.memory.read_state(q, mem[1], mem[2])
+            o = self.memory.mix(x, o, read)
+        n, _, s, _ = o.shape
+        h = h + self.o_proj(o.transpose(1, 2).reshape(n, s, -1))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(cfg.feature_size, cfg.hidden_size, bias=False)
+        self.fc_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mask_embed = nn.Parameter(torch.randn(cfg.hidden_size) * 0.02)
+        self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # shared with the target, frozen, and never saved with the drafter
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        for p in (*embed_tokens.parameters(), *lm_head.parameters()):
+            p.requires_grad_(False)
+        self.memory_off = False  # ablation switch: zero the memory read-out at inference
+
+    @classmethod
+    def for_target(cls, target: Target, arch: str = "hyflash", **kw) -> Drafter:
+        cfg = DrafterConfig.for_target(target.cfg, arch, **kw)
+        return cls(cfg, target.embed_tokens, target.lm_head)
+
+    def block_input(self, anchor_tokens: torch.Tensor) -> torch.Tensor:
+        """[..] anchor ids -> [.., B, D]: the anchor embedding then B-1 mask embeddings."""
+        a = self.embed_tokens(anchor_tokens).unsqueeze(-2)
+        m = self.mask_embed.to(a.dtype).expand(*a.shape[:-2], self.cfg.block_size - 1, -1)
+        return torch.cat([a, m], dim=-2)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h))
+
+    # ---------------------------------------------------------------- parallel form
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor,
+                anchors: torch.Tensor) -> torch.Tensor:
+        """tokens [N,T], features [N,T,F], anchors [N,A] -> logits [N,A,B-1,V]."""
+        cfg, bsz = self.cfg, self.cfg.block_size
+        n, t = tokens.shape
+        a = anchors.shape[1]
+        ctx = self.fc_norm(self.fc(features))
+        h = self.block_input(tokens.gather(1, anchors)).reshape(n, a * bsz, -1)
+        p = anchors.repeat_interleave(bsz, dim=1)  # [N, A*B] anchor of each query
+        h_pos = p + torch.arange(bsz).repeat(a)
+        j = torch.arange(t)
+        ctx_pos = j.expand(n, t)
+        ctx_ok = (j < p[..., None]) & (j >= p[..., None] - cfg.window)
+        aid = torch.arange(a).repeat_interleave(bsz)
+        blk_ok = (aid[:, None] == aid[None, :]).expand(n, -1, -1)
+        mask = torch.cat([ctx_ok, blk_ok], dim=-1)
+        age = p[..., None] - cfg.window - 1 - j  # steps in memory; < 0: not absorbed yet
+        mem = None if self.memory_off else ("parallel", age)
+        for layer in self.layers:
+            h = layer(h, h_pos, ctx, ctx_pos, mask, mem)
+        h = h.view(n, a, bsz, -1)[:, :, 1:]
+        return self.head(h)
+
+    # -------------------------------------------------------------------- step form
+
+    def init_state(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """Fixed-shape state: fused window features, count, and per-layer memory."""
+        cfg = self.cfg
+        state = {
+            "window": torch.zeros(cfg.window, cfg.hidden_size, dtype=dtype),
+            "count": torch.zeros(1, dtype=torch.long),
+        }
+        mems = [layer.memory.empty_state(dtype) for layer in self.layers if layer.memory]
+        if mems:
+            state["memory_S"] = torch.stack([s for s, _ in mems])
+            state["memory_z"] = torch.stack([z for _, z in mems])
+        return state
+
+    def commit(self, state: dict[str, torch.Tensor], features: torch.Tensor,
+               n_valid: torch.Tensor | int) -> dict[str, torch.Tensor]:
+        """Absorb the first n_valid rows of features [N,F] (N <= window): they join the
+        window; the rows that leave it enter the memory."""
+        cfg = self.cfg
+        window, count = state["window"], state["count"]
+        n = torch.as_tensor(n_valid, dtype=torch.long).reshape(1)
+        rows = features.shape[0]
+        if rows > cfg.window:
+            raise HyflashError(f"commit of {rows} rows exceeds the window ({cfg.window}); "
+                               "commit in chunks")
+        new = self.fc_norm(self.fc(features.to(self.fc.weight.dtype))).to(window.dtype)
+        buf = torch.cat([window, new], dim=0)
+        out = {"window": buf[torch.arange(cfg.window) + n], "count": count + n}
+        if "memory_S" in state:
+            i = torch.arange(rows)
+            leaving = window[:rows][None]
+            valid = ((i < n) & (count - cfg.window + i >= 0)).to(window.dtype)
+            weight_exp = (n - 1 - i).to(window.dtype)
+            steps = n.to(window.dtype)
+            S_all, z_all = [], []
+            for li, layer in enumerate(self.layers):
+                k, v = layer.context_kv(leaving)
+                S, z = layer.memory.absorb(state["memory_S"][li], state["memory_z"][li],
+                                           k[0], v[0], steps, weight_exp, valid)
+                S_all.append(S)
+                z_all.append(z)
+            out["memory_S"] = torch.stack(S_all)
+            out["memory_z"] = torch.stack(z_all)
+        return out
+
+    def draft(self, state: dict[str, torch.Tensor], anchor: torch.Tensor) -> torch.Tensor:
+        """anchor token [1] at position count -> block logits [B-1, V]."""
+        cfg, bsz = self.cfg, self.cfg.block_size
+        count = state["count"]
+        h = self.block_input(anchor.reshape(1)).reshape(1, bsz, -1)
+        h = h.to(state["window"].dtype)
+        h_pos = (count + torch.arange(bsz))[None]
+        ctx_pos = (count - cfg.window + torch.arange(cfg.window))[None]
+        ctx_ok = (ctx_pos >= 0)[:, None, :].expand(1, bsz, cfg.window)
+        mask = torch.cat([ctx_ok, torch.ones(1, bsz, bsz, dtype=torch.bool)], dim=-1)
+        ctx = state["window"][None]
+        for li, layer in enumerate(self.layers):
+            mem = None
+            if "memory_S" in state and not self.memory_off:
+                mem = ("state", state["memory_S"][li], state["memory_z"][li])
+            h = layer(h, h_pos, ctx, ctx_pos, mask, mem)
+        return self.head(h[0, 1:])
+
+    def state_bytes(self, dtype_bytes: int = 4) -> int:
+        """Draft-side memory: every state tensor, whatever the context length."""
+        return sum(t.numel() * (8 if t.dtype == torch.long else dtype_bytes)
+                   for t in self.init_state().values())
+
+    # --------------------------------------------------------------- save / load
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.state_dict().items()
+                if not k.startswith(("embed_tokens.", "lm_head."))}
+
+    def save(self, folder: Path, extra: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = {"format_version": FORMAT_VERSION, "config": asdict(self.cfg), **(extra or {})}
+        (folder / "config.json").write_text(json.dumps(meta, indent=1))
+        save_file({k: v.contiguous() for k, v in self.trainable_state().items()},
+                  folder / "model.safetensors")
+
+
+def load_drafter(folder: str | Path, target: Target) -> Drafter:
+    """Load a saved drafter onto the target it was trained for (checked, not assumed)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    meta_file = folder / "config.json"
+    if not meta_file.exists() or not (folder / "model.safetensors").exists():
+        raise HyflashError(f"no drafter at {folder}: expected config.json + model.safetensors "
+                           "written by `hyflash train`")
+    meta = json.loads(meta_file.read_text())
+    if meta.get("format_version", 0) > FORMAT_VERSION:
+        raise HyflashError(f"drafter at {folder} has format {meta['format_version']}, newer "
+                           f"than this hyflash ({FORMAT_VERSION}); upgrade hyflash")
+    cfg = DrafterConfig(**meta["config"])
+    t = target.cfg
+    mismatch = [(name, a, b) for name, a, b in (
+        ("vocab size", cfg.vocab_size, t.vocab_size),
+        ("hidden size", cfg.hidden_size, t.hidden_size),
+        ("feature size", cfg.feature_size, t.feature_size),
+        ("tap layers", tuple(cfg.tap_layers), tuple(t.tap_layers)),
+    ) if a != b]
+    if mismatch:
+        name, a, b = mismatch[0]
+        raise HyflashError(f"drafter at {folder} was trained for another target: its {name} "
+                           f"is {a}, the target's is {b}")
+    drafter = Drafter(cfg, target.embed_tokens, target.lm_head)
+    missing, unexpected = drafter.load_state_dict(load_file(folder / "model.safetensors"),
+                                                  strict=False)
+    missing = [k for k in missing if not k.startswith(("embed_tokens.", "lm_head."))]
+    if missing or unexpected:
+        raise HyflashError(f"drafter weights in {folder} do not match its config: missing "
+                           f"{missing[:3]}, unexpected {unexpected[:3]}")
+    return drafter.to(target.embed_tokens.weight.dtype).eval()

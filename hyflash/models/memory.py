@@ -1,0 +1,91 @@
+"""Recurrent memory kinds for the drafter's prefix-memory prior.
+
+A memory absorbs context features as they leave the local window and is read by the
+block's queries. Each kind offers the same computation in two forms:
+
+- ``read_parallel``: for training, every query reads "the state it would have had"
+  directly from all context keys with a decay mask. Exact, no loop over tokens.
+- ``absorb`` / ``read_state``: for inference, a fixed-size state updated as features
+  leave the window, so it can be explicit model I/O.
+
+``decayed-linear`` is linear attention with a learned per-head decay g:
+``S <- g*S + phi(k) v^T``, ``z <- g*z + phi(k)``, read as ``phi(q) S / (phi(q) z)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MEMORY_KINDS = ("decayed-linear", "none")
+EPS = 1e-6
+
+
+def phi(x: torch.Tensor) -> torch.Tensor:
+    """Positive feature map for linear attention."""
+    return F.elu(x) + 1.0
+
+
+class DecayedLinearMemory(nn.Module):
+    """Per-head decayed linear attention state [H, hd, hd] + normaliser [H, hd]."""
+
+    def __init__(self, heads: int, head_dim: int, hidden: int,
+                 half_lives: tuple[float, float] = (16.0, 1024.0)):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        lo, hi = half_lives
+        hl = torch.logspace(math.log10(lo), math.log10(hi), heads)
+        g = torch.pow(2.0, -1.0 / hl)
+        self.decay_logit = nn.Parameter(torch.log(g / (1 - g)))
+        self.gate = nn.Linear(hidden, heads)
+        nn.init.zeros_(self.gate.weight)
+        nn.init.zeros_(self.gate.bias)
+
+    def log_decay(self) -> torch.Tensor:
+        return F.logsigmoid(self.decay_logit)  # [H], log g in (-inf, 0)
+
+    def mix(self, x: torch.Tensor, local: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
+        """local, mem: [N, H, Q, hd]; x: the normed block input [N, Q, D]."""
+        gate = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # [N, H, Q, 1]
+        return local + gate * mem
+
+    def read_parallel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      age: torch.Tensor) -> torch.Tensor:
+        """q [N,H,Q,hd], k/v [N,H,K,hd] (pre-rope), age [N,Q,K]: steps since the key entered
+        the memory (>= 0), negative where the key is not (yet) in memory."""
+        w = phi(q) @ phi(k).transpose(-1, -2)  # [N, H, Q, K]
+        decay = torch.exp(age.clamp(min=0).unsqueeze(1) * self.log_decay()[:, None, None])
+        w = w * decay * (age >= 0).unsqueeze(1)
+        return (w @ v) / (w.sum(-1, keepdim=True) + EPS)
+
+    def empty_state(self, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        h, d = self.heads, self.head_dim
+        return torch.zeros(h, d, d, dtype=dtype), torch.zeros(h, d, dtype=dtype)
+
+    def absorb(self, S: torch.Tensor, z: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               steps: torch.Tensor, weight_exp: torch.Tensor, valid: torch.Tensor):
+        """Absorb leaving keys k/v [H, N, hd]: S <- g^steps S + sum_i g^e_i phi(k_i) v_i^T
+        over valid i, where e_i (weight_exp) counts the later absorptions."""
+        ld = self.log_decay()  # [H]
+        w = torch.exp(weight_exp[None, :] * ld[:, None]) * valid[None, :]  # [H, N]
+        pk = phi(k) * w.unsqueeze(-1)
+        carry = torch.exp(steps * ld)  # [H]
+        S = carry[:, None, None] * S + pk.transpose(-1, -2) @ v
+        z = carry[:, None] * z + pk.sum(1)
+        return S, z
+
+    def read_state(self, q: torch.Tensor, S: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """q [1,H,Q,hd], S [H,hd,hd], z [H,hd] -> [1,H,Q,hd]."""
+        pq = phi(q)
+        return (pq @ S) / ((pq @ z.unsqueeze(-1)) + EPS)
+
+
+def make_memory(kind: str, heads: int, head_dim: int, hidden: int) -> nn.Module | None:
+    if kind == "none":
+        return None
+    if kind == "decayed-linear":
+        return DecayedLinearMemory(heads, head_dim, hidden)
+    raise ValueError(f"unknown memory kind {kind!r}: choose one of {', '.join(MEMORY_KINDS)}")

@@ -1,0 +1,111 @@
+"""The backend interface: the least a runtime must offer to run the speculative loop.
+
+Two protocols, kept deliberately small so that ONNX Runtime, ExecuTorch and Core ML
+backends can implement them on top of graphs with static shapes:
+
+- a *target* runs tokens at a position and returns logits plus the tap-layer features;
+  prefill and verify are the same call. Its KV cache is addressed by position, so
+  rolling back a rejected draft is only "remember a shorter length".
+- a *drafter* absorbs the features of verified tokens (``commit``) and proposes one block
+  from the last committed token (``draft``). It never sees unverified context, so it
+  never has to roll its state back.
+
+``TorchTarget`` is the reference implementation on top of
+``hyflash.models.target.Target``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from hyflash.errors import HyflashError
+
+
+@runtime_checkable
+class TargetBackend(Protocol):
+    """The target LLM with its own KV cache (batch 1).
+
+    ``forward(tokens [T], start_pos)`` writes the cache at ``start_pos .. start_pos+T-1``
+    and returns ``(logits float32 [T, V], features [T, F])``: row ``i`` holds the
+    distribution over the token at position ``start_pos+i+1`` and the features of the
+    token at ``start_pos+i``. ``rollback(pos)`` makes ``pos`` the cache length again;
+    entries beyond it are dead and get overwritten by the next forward.
+    """
+
+    vocab_size: int
+    max_seq_len: int
+    feature_size: int
+
+    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
+
+    def rollback(self, pos: int) -> None:
+        ...
+
+
+@runtime_checkable
+class DrafterBackend(Protocol):
+    """A parallel block drafter conditioned on verified target features.
+
+    ``reset()`` forgets everything (a new sequence). ``commit(features [N, F])`` absorbs
+    the features of the next N verified tokens, in order; N may be anything (the prompt
+    at prefill, ``k+1`` rows after a verify). ``draft(anchor, pos)`` reads the block
+    ``[anchor, MASK * (B-1)]`` with the anchor at position ``pos`` (its features are not
+    committed yet: the target has not run it) and returns float32 logits ``[B-1, V]``
+    for positions ``pos+1 .. pos+B-1``.
+    """
+
+    block_size: int
+    feature_size: int
+    vocab_size: int
+
+    def reset(self) -> None:
+        ...
+
+    def commit(self, features: torch.Tensor) -> None:
+        ...
+
+    def draft(self, anchor: int, pos: int) -> torch.Tensor:
+        ...
+
+
+class TorchTarget:
+    """``hyflash.models.target.Target`` behind the TargetBackend protocol (plain torch).
+
+    The static KV cache is allocated once (batch 1, ``max_seq_len`` positions). Since
+    ``Target`` masks keys by position, rollback only records the new length: the next
+    forward at that start position overwrites the stale entries before reading them.
+    Features come back as float32 too, so a drafter never depends on the target's dtype.
+    """
+
+    def __init__(self, target):
+        cfg = target.cfg
+        self.model = target.eval()
+        self.vocab_size = cfg.vocab_size
+        self.max_seq_len = cfg.max_seq_len
+        self.feature_size = cfg.feature_size
+        self.eos_token_ids = tuple(cfg.eos_token_ids)
+        if target.cache_batch != 1:
+            target.setup_cache(1)
+        self.length = 0  # positions of the cache that hold valid keys/values
+
+    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        end = start_pos + tokens.numel()
+        if not 0 <= start_pos <= self.length:
+            raise ValueError(f"forward at position {start_pos} would leave a gap in the KV "
+                             f"cache, which holds {self.length} positions")
+        if end > self.max_seq_len:
+            raise HyflashError(f"positions {start_pos}..{end - 1} do not fit the target's "
+                               f"context of {self.max_seq_len} tokens")
+        with torch.inference_mode():
+            logits, features = self.model(tokens[None], start_pos)
+        self.length = end
+        return logits[0].float(), features[0].float()
+
+    def rollback(self, pos: int) -> None:
+        if not 0 <= pos <= self.length:
+            raise ValueError(f"cannot roll back to {pos}: the cache holds {self.length} positions")
+        self.length = pos

@@ -1,0 +1,98 @@
+"""What every run reports: acceptance (tau, per position), call counts, where the time
+went, speed and memory.
+
+Kept apart from the engine so that ``bench`` and ``simulate`` print the same table.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+from dataclasses import dataclass, field
+
+STOP_REASONS = ("eos", "max_new_tokens", "context_full")
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generate call.
+
+    tau is the mean number of tokens committed per verify call: the accepted drafts plus
+    the target's bonus token (``k+1``), counted as verified, before a stop truncates the
+    last block. Plain decoding has tau == 1. ``position_accepted[i]`` over
+    ``position_proposed[i]`` is the fraction of verify rounds that proposed draft position
+    ``i+1`` in which it was accepted (position ``i+1`` is accepted only if ``1..i`` are).
+
+    Times are wall-clock seconds; time a streaming consumer spends between tokens is not
+    counted. ``overhead_s`` is everything that is neither the prefill, the drafter, nor
+    a target verify pass: verification arithmetic, sampling, bookkeeping.
+    """
+
+    block_size: int = 1
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0              # verify calls
+    target_calls: int = 0        # prefill + verify calls
+    drafter_calls: int = 0       # draft calls (commits are counted in draft_s, not here)
+    accepted_drafts: int = 0
+    position_proposed: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    peak_rss_mib: float = 0.0
+    stop_reason: str = ""
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted_drafts + self.rounds) / self.rounds if self.rounds else math.nan
+
+    @property
+    def acceptance_rates(self) -> list[float]:
+        return [a / n if n else math.nan
+                for a, n in zip(self.position_accepted, self.position_proposed,
+                                       strict=True)]
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of the whole call, prefill included."""
+        return self.new_tokens / self.total_s if self.total_s > 0 else math.nan
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (not only of one run)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
+
+
+def format_stats(s: GenerationStats) -> str:
+    """A small two-column table for the terminal."""
+    def pct(x: float) -> str:
+        return f"{1000 * x:8.1f} ms  {100 * x / s.total_s:5.1f} %" if s.total_s else "-"
+
+    rates = " ".join("-" if math.isnan(r) else f"{r:.2f}" for r in s.acceptance_rates)
+    rows = [
+        ("stop reason", s.stop_reason),
+        ("prompt / new tokens", f"{s.prompt_tokens} / {s.new_tokens}"),
+        ("block size", s.block_size if s.block_size > 1 else "- (plain decoding)"),
+        ("tau (tokens per verify)", "-" if math.isnan(s.tau) else f"{s.tau:.2f}"),
+        ("acceptance by position", rates or "-"),
+        ("target calls", f"{s.target_calls} (1 prefill + {s.rounds} verify)"
+         if s.target_calls else "0"),
+        ("drafter calls", s.drafter_calls),
+        ("prefill", pct(s.prefill_s)),
+        ("drafting", pct(s.draft_s)),
+        ("verifying", pct(s.verify_s)),
+        ("overhead", pct(s.overhead_s)),
+        ("total", f"{1000 * s.total_s:8.1f} ms"),
+        ("tokens/s", "-" if math.isnan(s.tokens_per_s) else f"{s.tokens_per_s:.1f}"),
+        ("peak RSS", f"{s.peak_rss_mib:.0f} MiB"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,141 @@
+"""`hyflash train`: distil data from a target, train a drafter, write it atomically.
+
+Work (the generated data and the training checkpoint) lives in ``--work`` (default
+``OUT.work``) so that rerunning the same command resumes instead of starting over;
+the drafter folder itself appears only when training has finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from hyflash.errors import HyflashError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True,
+                   help="Hugging Face model folder or hub id of the target "
+                        "(`pocket` = the embedded pocket model)")
+    p.add_argument("--data", required=True,
+                   help="prompt corpus: a folder of text files, a .txt, a .jsonl with "
+                        "'text'/'prompt' fields, or `stdlib` (the pocket model's train split)")
+    p.add_argument("--out", type=Path, required=True, help="drafter folder to write")
+    p.add_argument("--arch", choices=("hyflash", "full"), default="hyflash",
+                   help="hyflash: local window + recurrent memory; full: the full-context "
+                        "baseline (no window limit, no memory)")
+    p.add_argument("--work", type=Path, default=None,
+                   help="data cache + checkpoints, reused on rerun (default: OUT.work)")
+    g = p.add_argument_group("drafter")
+    g.add_argument("--layers", type=int, default=2)
+    g.add_argument("--heads", type=int, default=8)
+    g.add_argument("--block-size", type=int, default=8, help="B: one pass drafts B-1 tokens")
+    g.add_argument("--window", type=int, default=64, help="local window W (hyflash only)")
+    g.add_argument("--memory", default="decayed-linear",
+                   help="memory kind (hyflash only): decayed-linear or none")
+    g.add_argument("--max-seq-len", type=int, default=None,
+                   help="context the drafter serves (default: the target's)")
+    g = p.add_argument_group("self-distillation data")
+    g.add_argument("--sequences", type=int, default=2048, help="continuations to generate")
+    g.add_argument("--gen-len", type=int, default=128, help="tokens the target writes per prompt")
+    g.add_argument("--sampled-fraction", type=float, default=0.0,
+                   help="share of continuations sampled (temperature 1) instead of greedy")
+    g.add_argument("--data-batch", type=int, default=32, help="prompts generated together")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=int, default=1500)
+    g.add_argument("--batch", type=int, default=8, help="sequences per step")
+    g.add_argument("--anchors", type=int, default=16, help="anchors (blocks) per sequence")
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def data_spec(args, max_seq_len: int):
+    from hyflash.train.data import DataSpec
+
+    room = max_seq_len - args.gen_len
+    if room < 8:
+        raise HyflashError(f"--gen-len {args.gen_len} leaves no room for prompts in a "
+                           f"{max_seq_len}-token context")
+    long_hi = min(1920, room)
+    return DataSpec(sequences=args.sequences, gen_len=args.gen_len,
+                    short_prompt=(min(32, room), min(128, room)),
+                    long_prompt=(min(256, long_hi), long_hi),
+                    sampled_fraction=args.sampled_fraction, batch=args.data_batch,
+                    seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from hyflash.models.drafter import Drafter
+    from hyflash.models.target import Target, resolve_model_folder
+    from hyflash.models.tokenizer import load_tokenizer
+    from hyflash.train.data import (
+        DistillSet,
+        check_tokenizer,
+        generate_dataset,
+        read_corpus,
+        token_stream,
+    )
+    from hyflash.train.loop import TrainSpec, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.sequences < args.batch:
+        raise HyflashError(f"too few examples: --sequences {args.sequences} is less than one "
+                           f"batch ({args.batch})")
+    target_path = str(resolve_model_folder(args.target))
+    target = Target.from_pretrained(target_path, max_seq_len=args.max_seq_len)
+    tokenizer = load_tokenizer(target_path)
+    check_tokenizer(tokenizer, target)
+    drafter = Drafter.for_target(target, args.arch, num_layers=args.layers,
+                                 num_heads=args.heads, block_size=args.block_size,
+                                 **({} if args.arch == "full" else
+                                    {"window": args.window, "memory": args.memory}))
+    spec = data_spec(args, target.cfg.max_seq_len)
+    work = args.work or args.out.with_name(args.out.name + ".work")
+    data_dir = work / f"data-{spec.key(target_path + str(target.cfg.to_dict()))}"
+    t0 = time.time()
+    if not (data_dir / "done").exists():
+        eos = target.cfg.eos_token_ids[0] if target.cfg.eos_token_ids else 0
+        stream = token_stream(read_corpus(args.data), tokenizer, eos)
+        generate_dataset(target, stream, spec, data_dir, progress=not args.quiet)
+        (data_dir / "done").touch()
+    target.drop_cache()
+    data = DistillSet(data_dir)
+    train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
+                           lr=args.lr, seed=args.seed)
+    ckpt_dir = work / f"train-{args.arch}"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    report = train(drafter, data, train_spec, ckpt_dir, progress=not args.quiet)
+    report.update(target=str(target_path), data=str(args.data), arch=args.arch,
+                  params=sum(p.numel() for p in drafter.parameters() if p.requires_grad),
+                  state_bytes_fp32=drafter.state_bytes(), data_spec=spec.__dict__,
+                  total_seconds=round(time.time() - t0, 1))
+    write_atomically(args.out, lambda tmp: drafter.save(tmp, {"training": report}))
+    print(json.dumps({k: report[k] for k in ("val_accuracy", "val_expected_tau", "params",
+                                             "state_bytes_fp32")}))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def write_atomically(out: Path, write) -> None:
+    """Write into a temp folder beside out, then rename: never a half-written folder."""
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)

@@ -1,0 +1,134 @@
+"""The drafter's two execution forms agree, and its state is fixed-shape and bounded."""
+
+import pytest
+import torch
+
+from hyflash.errors import HyflashError
+from hyflash.models.drafter import Drafter, DrafterConfig, load_drafter
+from hyflash.models.target import Target, TargetConfig
+
+
+def tiny_target(max_seq_len=64, seed=0):
+    torch.manual_seed(seed)
+    cfg = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=8, max_seq_len=max_seq_len, tie_word_embeddings=True)
+    return Target(cfg).eval()
+
+
+def make_drafter(target, arch="hyflash", **kw):
+    torch.manual_seed(1)
+    d = Drafter.for_target(target, arch, num_heads=4, **kw).eval()
+    with torch.no_grad():  # make gates, norms and decays matter
+        for name, p in d.named_parameters():
+            if p.requires_grad and ("norm" in name or "gate" in name or "decay" in name):
+                p.add_(torch.randn_like(p) * 0.3)
+    return d
+
+
+def sequence(target, t=48):
+    tokens = torch.randint(0, target.cfg.vocab_size, (1, t),
+                           generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        _, feats = target(tokens, 0)
+    return tokens, feats
+
+
+@pytest.mark.parametrize("arch,kw", [("hyflash", dict(window=8, block_size=4)),
+                                     ("hyflash", dict(window=5, block_size=5, num_layers=1)),
+                                     ("full", dict(block_size=4))])
+@torch.no_grad()
+def test_parallel_form_equals_step_form(arch, kw):
+    target = tiny_target()
+    d = make_drafter(target, arch, **kw)
+    tokens, feats = sequence(target)
+    t, bsz = tokens.shape[1], d.cfg.block_size
+    anchors = torch.arange(0, t - bsz + 1)[None]
+    par = d(tokens, feats, anchors)[0]  # [A, B-1, V]
+    state = d.init_state()
+    gen = torch.Generator().manual_seed(5)
+    checked = 0
+    while int(state["count"]) <= t - bsz:
+        p = int(state["count"])
+        step = d.draft(state, tokens[0, p])
+        torch.testing.assert_close(step, par[p], atol=1e-4, rtol=0)
+        checked += 1
+        n = int(torch.randint(1, bsz + 1, (1,), generator=gen))
+        chunk = torch.zeros(bsz, feats.shape[-1])  # fixed-size commit, padded
+        real = feats[0, p:p + n]
+        chunk[: len(real)] = real
+        state = d.commit(state, chunk, len(real))
+    assert checked > 10
+
+
+@torch.no_grad()
+def test_memory_changes_the_draft_at_long_context():
+    target = tiny_target()
+    d = make_drafter(target, window=8, block_size=4)
+    tokens, feats = sequence(target)
+    anchors = torch.tensor([[40]])
+    on = d(tokens, feats, anchors)
+    d.memory_off = True
+    off = d(tokens, feats, anchors)
+    assert (on - off).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_state_shapes_fixed_and_hyflash_state_independent_of_context():
+    target = tiny_target(max_seq_len=256)
+    d = make_drafter(target, window=16, block_size=4)
+    tokens = torch.randint(0, 97, (1, 200), generator=torch.Generator().manual_seed(0))
+    _, feats = target(tokens, 0)
+    state = d.init_state()
+    shapes = {k: (v.shape, v.dtype) for k, v in state.items()}
+    for p in range(0, 196, 4):
+        state = d.commit(state, feats[0, p:p + 4], 4)
+        d.draft(state, tokens[0, p + 4])
+        assert {k: (v.shape, v.dtype) for k, v in state.items()} == shapes
+    full = make_drafter(target, "full", block_size=4)
+    assert d.state_bytes() < full.state_bytes() / 4
+    assert full.init_state()["window"].shape[0] == 256  # grows with max context
+
+
+def test_save_load_roundtrip_and_target_mismatch(tmp_path):
+    target = tiny_target()
+    d = make_drafter(target, window=8, block_size=4)
+    d.save(tmp_path / "d")
+    saved = set(__import__("safetensors.torch").torch.load_file(tmp_path / "d/model.safetensors"))
+    assert not any(k.startswith(("embed_tokens", "lm_head")) for k in saved)
+    loaded = load_drafter(tmp_path / "d", target)
+    tokens, feats = sequence(target)
+    a = torch.tensor([[20]])
+    torch.testing.assert_close(loaded(tokens, feats, a), d(tokens, feats, a))
+    other = Target(TargetConfig(vocab_size=50, hidden_size=32, intermediate_size=48,
+                                num_hidden_layers=4, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=8, max_seq_len=64))
+    with pytest.raises(HyflashError, match="trained for another target: its vocab size is 97"):
+        load_drafter(tmp_path / "d", other)
+    with pytest.raises(HyflashError, match="no drafter at"):
+        load_drafter(tmp_path / "nothing", target)
+
+
+def test_bad_config_is_rejected():
+    target = tiny_target()
+    with pytest.raises(HyflashError, match="block size 40 must be in"):
+        DrafterConfig.for_target(target.cfg, block_size=40)
+    with pytest.raises(HyflashError, match="unknown memory kind"):
+        DrafterConfig.for_target(target.cfg, memory="lstm")
+
+
+@pytest.mark.parametrize("arch", ["hyflash", "full"])
+def test_engine_with_random_drafter_is_lossless(arch):
+    """A randomly initialised drafter of either kind changes speed, never the output."""
+    from hyflash.runtime import SpeculativeEngine, TorchTarget
+    from hyflash.runtime.drafter_backend import TorchDrafter
+
+    target = tiny_target(max_seq_len=96).cast(torch.float64)  # no argmax near-ties by rounding
+    d = make_drafter(target, arch, **({"window": 8} if arch == "hyflash" else {}),
+                     block_size=4)
+    prompt = torch.randint(0, 97, (30,), generator=torch.Generator().manual_seed(9)).tolist()
+    plain = SpeculativeEngine(TorchTarget(target)).generate(prompt, max_new_tokens=50)
+    spec = SpeculativeEngine(TorchTarget(target), TorchDrafter(d)).generate(prompt,
+                                                                          max_new_tokens=50)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.target_calls <= plain.stats.target_calls

@@ -1,0 +1,106 @@
+"""`hyflash generate`: streams the target's text, prints the stats table, and turns bad
+input into one line."""
+
+import sys
+
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from hyflash.cli import main
+from hyflash.models.target import Target
+
+torch.set_num_threads(1)  # tiny model; threads only add overhead on a busy machine
+
+WORDS = ["[UNK]", "<eos>"] + [f"w{i}" for i in range(46)]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A tiny random Llama with a word-level tokenizer, saved as a Hugging Face folder."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64,
+                                   bos_token_id=None, eos_token_id=1)
+    transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32) \
+        .save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
+                                         eos_token="<eos>").save_pretrained(folder)
+    return folder
+
+
+def greedy_reference(folder, prompt_ids, n):
+    model = Target.from_pretrained(folder)
+    seq = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq]), 0)[0][0, -1].argmax()))
+            if seq[-1] == 1:
+                break
+    return seq[len(prompt_ids):]
+
+
+def test_generate_no_draft_streams_the_targets_greedy_text_and_prints_stats(model_folder,
+                                                                             capsys):
+    prompt = "w3 w14 w15 w9"
+    assert main(["generate", "--target", str(model_folder), "--prompt", prompt, "--no-draft",
+                 "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_folder)
+    want = greedy_reference(model_folder, tokenizer(prompt).input_ids, 12)
+    text = tokenizer.decode(want, skip_special_tokens=True)
+    assert out.startswith(prompt + " " + text)
+    for row in ("stop reason", "tau (tokens per verify)", "1.00", "target calls",
+                "drafting", "verifying", "overhead", "tokens/s", "peak RSS"):
+        assert row in out
+    assert f"4 / {len(want)}" in out
+
+
+def test_generate_samples_reproducibly(model_folder, capsys):
+    argv = ["generate", "--target", str(model_folder), "--prompt", "w1 w2", "--no-draft",
+            "--temperature", "1.0", "--top-k", "10", "--top-p", "0.9", "--seed", "3"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out.split("\n")[0]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.split("\n")[0] == first
+
+
+def test_generate_needs_a_drafter_or_no_draft(model_folder, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--target", str(model_folder), "--prompt", "w1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--drafter" in err and "--no-draft" in err
+
+
+def test_generate_drafter_before_drafter_loading_exists_is_one_line(model_folder, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setitem(sys.modules, "hyflash.runtime.drafter_backend", None)  # not importable
+    assert main(["generate", "--target", str(model_folder), "--prompt", "w1",
+                 "--drafter", str(model_folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "issue #4" in err and "--no-draft" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prompt", "w1 w2 w3 w4 w5", "--max-seq-len", "4"], "leaves no room"),
+    (["--prompt", ""], "empty prompt"),
+    (["--prompt", "w1", "--top-p", "0"], "top-p"),
+])
+def test_generate_bad_input_is_one_line(model_folder, capsys, argv, message):
+    assert main(["generate", "--target", str(model_folder), "--no-draft", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_generate_without_tokenizer_is_one_line(tmp_path, model_folder, capsys):
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((model_folder / name).read_bytes())
+    assert main(["generate", "--target", str(tmp_path), "--prompt", "w1", "--no-draft"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tokenizer" in err
