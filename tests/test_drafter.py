@@ -125,7 +125,7 @@ def test_engine_with_random_drafter_is_lossless(arch):
 
     target = tiny_target(max_seq_len=96).cast(torch.float64)  # no argmax near-ties by rounding
     d = make_drafter(target, arch, **({"window": 8} if arch == "hyflash" else {}),
-                     block_size=4)
+                     block_size=4).to(torch.float64)
     prompt = torch.randint(0, 97, (30,), generator=torch.Generator().manual_seed(9)).tolist()
     plain = SpeculativeEngine(TorchTarget(target)).generate(prompt, max_new_tokens=50)
     spec = SpeculativeEngine(TorchTarget(target), TorchDrafter(d)).generate(prompt,
