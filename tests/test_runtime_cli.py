@@ -6,33 +6,11 @@ import sys
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from hyflash.cli import main
 from hyflash.models.target import Target
 
 torch.set_num_threads(1)  # tiny model; threads only add overhead on a busy machine
-
-WORDS = ["[UNK]", "<eos>"] + [f"w{i}" for i in range(46)]
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    """A tiny random Llama with a word-level tokenizer, saved as a Hugging Face folder."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=3, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64,
-                                   bos_token_id=None, eos_token_id=1)
-    transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32) \
-        .save_pretrained(folder)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
-                                         eos_token="<eos>").save_pretrained(folder)
-    return folder
-
 
 def greedy_reference(folder, prompt_ids, n):
     model = Target.from_pretrained(folder)

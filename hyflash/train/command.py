@@ -112,9 +112,8 @@ def run(args: argparse.Namespace) -> int:
     data = DistillSet(data_dir)
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
                            lr=args.lr, seed=args.seed)
-    ckpt_dir = work / f"train-{args.arch}"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    report = train(drafter, data, train_spec, ckpt_dir, progress=not args.quiet)
+    report = train(drafter, data, train_spec, work / f"train-{args.arch}",
+                   progress=not args.quiet)
     report.update(target=str(target_path), data=str(args.data), arch=args.arch,
                   params=sum(p.numel() for p in drafter.parameters() if p.requires_grad),
                   state_bytes_fp32=drafter.state_bytes(), data_spec=spec.__dict__,

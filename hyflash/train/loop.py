@@ -115,6 +115,7 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
                             betas=(0.9, 0.95))
     train_ids, val_ids = split(len(data), spec)
     w = position_weights(bsz, spec.gamma)
+    work.mkdir(parents=True, exist_ok=True)
     ckpt = work / "checkpoint.pt"
     step = 0
     if ckpt.exists():

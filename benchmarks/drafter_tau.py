@@ -1,0 +1,156 @@
+"""Online tau of the HyFlash drafter vs the full-context baseline on held-out code.
+
+Real speculative decoding through the engine (torch runtime, greedy), on prompts cut
+from the pocket model's held-out stdlib files at short and long contexts, plus:
+
+- the memory ablation: the same HyFlash drafter with its memory read-out zeroed;
+- draft-side memory in bytes against context length, for both drafters.
+
+    python benchmarks/drafter_tau.py --hyflash DIR --full DIR [--prompts 12]
+
+Writes benchmarks/results/drafter_tau.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hyflash.models.drafter import load_drafter
+from hyflash.models.pocket.build import read_text, split_files
+from hyflash.models.target import Target, resolve_model_folder
+from hyflash.models.tokenizer import load_tokenizer
+from hyflash.runtime import SpeculativeEngine, TorchTarget
+from hyflash.runtime.drafter_backend import TorchDrafter
+
+OUT = Path(__file__).parent / "results"
+
+
+def heldout_prompts(tokenizer, length: int, n: int, seed: int) -> list[list[int]]:
+    """n windows of `length` tokens from the held-out files (never seen in training)."""
+    _, held, _ = split_files()
+    ids: list[int] = []
+    for f in held:
+        ids.extend(tokenizer(read_text(f), add_special_tokens=False).input_ids)
+        ids.append(tokenizer.eos_token_id or 0)
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, len(ids) - length, n)
+    return [ids[s:s + length] for s in starts]
+
+
+def run(engine: SpeculativeEngine, prompts, new_tokens: int) -> dict:
+    rounds = accepted = 0
+    proposed_pos = accepted_pos = None
+    t0 = time.perf_counter()
+    for p in prompts:
+        s = engine.generate(p, max_new_tokens=new_tokens).stats
+        rounds += s.rounds
+        accepted += s.accepted_drafts
+        pp, ap = np.array(s.position_proposed), np.array(s.position_accepted)
+        proposed_pos = pp if proposed_pos is None else proposed_pos + pp
+        accepted_pos = ap if accepted_pos is None else accepted_pos + ap
+    return {"tau": (accepted + rounds) / rounds,
+            "acceptance": (accepted_pos / np.maximum(proposed_pos, 1)).round(4).tolist(),
+            "rounds": int(rounds), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def memory_table(drafters: dict, hidden: int, contexts) -> dict:
+    """Bytes of draft-side context memory (fp32) when the context holds n tokens:
+    HyFlash holds window + state whatever n; full-context holds one vector per token
+    (its fixed-shape export allocates the maximum)."""
+    out = {}
+    for name, d in drafters.items():
+        fixed = d.state_bytes()
+        if d.cfg.arch == "full":
+            per_token = hidden * 4
+            out[name] = {n: min(n, d.cfg.max_seq_len) * per_token + 8 for n in contexts}
+            out[name + " (allocated)"] = {n: fixed for n in contexts}
+        else:
+            out[name] = {n: fixed for n in contexts}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="pocket")
+    ap.add_argument("--hyflash", required=True)
+    ap.add_argument("--full", required=True)
+    ap.add_argument("--prompts", type=int, default=12, help="prompts per context length")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--contexts", default="64,1024,1900",
+                    help="prompt lengths (prompt + new tokens must fit the context)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    folder = resolve_model_folder(args.target)
+    target = Target.from_pretrained(folder)
+    tok = load_tokenizer(folder)
+    drafters = {"hyflash": load_drafter(args.hyflash, target),
+                "full": load_drafter(args.full, target)}
+    contexts = [int(c) for c in args.contexts.split(",")]
+    results: dict = {"target": str(folder), "new_tokens": args.new_tokens,
+                     "prompts_per_context": args.prompts, "runs": {}}
+    for ctx in contexts:
+        prompts = heldout_prompts(tok, ctx, args.prompts, seed=ctx)
+        for name, d in [*drafters.items(), ("hyflash, memory off", drafters["hyflash"])]:
+            d.memory_off = name.endswith("memory off")
+            engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(d))
+            r = run(engine, prompts, args.new_tokens)
+            d.memory_off = False
+            results["runs"][f"{name} @ {ctx}"] = r
+            print(f"{name:22s} ctx {ctx:5d}: tau {r['tau']:.3f}  acc {r['acceptance']}",
+                  flush=True)
+    results["memory_bytes"] = memory_table(drafters, target.cfg.hidden_size,
+                                           [64, 256, 512, 1024, 2048])
+    OUT.mkdir(exist_ok=True)
+    (OUT / "drafter_tau.json").write_text(json.dumps(results, indent=1))
+    write_markdown(results, contexts)
+    plot(results, contexts)
+
+
+def write_markdown(results: dict, contexts) -> None:
+    lines = ["| drafter | " + " | ".join(f"tau @ {c}" for c in contexts) + " |",
+             "|---|" + "---|" * len(contexts)]
+    for name in ("hyflash", "full", "hyflash, memory off"):
+        row = [f"{results['runs'][f'{name} @ {c}']['tau']:.3f}" for c in contexts]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines += ["", "| drafter | " + " | ".join(f"{n} tok" for n in [64, 256, 512, 1024, 2048])
+              + " |", "|---|" + "---|" * 5]
+    for name, row in results["memory_bytes"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{v / 1024:.0f} KiB" for v in row.values())
+                     + " |")
+    (OUT / "drafter_tau.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def plot(results: dict, contexts) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in ("hyflash", "full", "hyflash, memory off"):
+        a.plot(contexts, [results["runs"][f"{name} @ {c}"]["tau"] for c in contexts], "o-",
+               label=name)
+    a.set(xlabel="prompt length (tokens)", ylabel="tau (tokens / verify)",
+          title="online tau, greedy, B=8")
+    a.legend()
+    for name, row in results["memory_bytes"].items():
+        b.plot(list(row), [v / 1024 for v in row.values()], "o-", label=name)
+    b.set(xlabel="context length (tokens)", ylabel="KiB (fp32)", yscale="log",
+          title="draft-side memory")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "drafter_tau.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()

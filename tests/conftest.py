@@ -1,0 +1,30 @@
+"""Shared fixtures: a tiny random Llama saved as a Hugging Face folder with a tokenizer."""
+
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+WORDS = ["[UNK]", "<eos>"] + [f"w{i}" for i in range(46)]
+
+
+def save_tiny_llama(folder, max_position_embeddings=64, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=2,
+                                   max_position_embeddings=max_position_embeddings,
+                                   bos_token_id=None, eos_token_id=1)
+    transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32) \
+        .save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
+                                         eos_token="<eos>").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A tiny random Llama with a word-level tokenizer, saved as a Hugging Face folder."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
