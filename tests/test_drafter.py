@@ -132,3 +132,30 @@ def test_engine_with_random_drafter_is_lossless(arch):
                                                                           max_new_tokens=50)
     assert spec.tokens == plain.tokens
     assert spec.stats.target_calls <= plain.stats.target_calls
+
+
+@torch.no_grad()
+def test_step_module_is_commit_then_draft_and_exports():
+    from hyflash.models.drafter import DrafterStep
+
+    target = tiny_target()
+    d = make_drafter(target, window=8, block_size=4)
+    tokens, feats = sequence(target)
+    step = DrafterStep(d)
+    state = d.init_state()
+    ref = d.init_state()
+    ep = torch.export.export(step, (torch.tensor([0]), feats[0, :4], torch.tensor([4]),
+                                    *state.values()), strict=False).module()
+    for p in range(0, 20, 3):
+        chunk = torch.zeros(4, feats.shape[-1])
+        chunk[:3] = feats[0, p:p + 3]
+        args = (tokens[0, p + 3:p + 4], chunk, torch.tensor([3]))
+        out = step(*args, *state.values())
+        exported = ep(*args, *state.values())
+        ref = d.commit(ref, chunk, 3)
+        torch.testing.assert_close(out[0], d.draft(ref, tokens[0, p + 3]))
+        for a, b in zip(out, exported, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        state = dict(zip(step.state_names, out[1:], strict=True))
+        assert [tuple(v.shape) for v in state.values()] == \
+            [tuple(v.shape) for v in d.init_state().values()]

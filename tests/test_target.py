@@ -197,3 +197,22 @@ def test_forward_is_exportable(tmp_path):
     ref = Target.from_pretrained(folder)
     torch.testing.assert_close(ep.module()(ids, torch.tensor(0))[0], ref(ids, 0)[0],
                                atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_explicit_kv_form_matches_the_static_cache(pair):
+    """forward_past (optimum-style past/present I/O) == forward with the static cache."""
+    _, ours = pair
+    ids = prompt(20)
+    ref_logits, ref_feats = ours(ids, 0)
+    c = ours.cfg
+    past = [(torch.zeros(1, c.num_key_value_heads, 0, c.head_dim),) * 2
+            for _ in range(c.num_hidden_layers)]
+    got_l, got_f = [], []
+    for a, b in ((0, 7), (7, 8), (8, 20)):
+        logits, feats, past = ours.forward_past(ids[:, a:b], torch.arange(a, b)[None], past)
+        got_l.append(logits)
+        got_f.append(feats)
+    assert past[0][0].shape[2] == 20
+    torch.testing.assert_close(torch.cat(got_l, 1), ref_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(got_f, 1), ref_feats, atol=1e-5, rtol=0)

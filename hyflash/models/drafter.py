@@ -327,3 +327,21 @@ def load_drafter(folder: str | Path, target: Target) -> Drafter:
         raise HyflashError(f"drafter weights in {folder} do not match its config: missing "
                            f"{missing[:3]}, unexpected {unexpected[:3]}")
     return drafter.to(target.embed_tokens.weight.dtype).eval()
+
+
+class DrafterStep(nn.Module):
+    """Commit + draft in one call with every state tensor an explicit input and output
+    (the exported drafter graph). Inputs: anchor [1] int64, features [N, F] (N = the
+    config's commit_size, zero-padded), n_valid [1] int64, then the state tensors in
+    ``state_names`` order; outputs: logits [B-1, V], then the new state, same order."""
+
+    def __init__(self, drafter: Drafter):
+        super().__init__()
+        self.drafter = drafter
+        self.state_names = list(drafter.init_state())
+
+    def forward(self, anchor, features, n_valid, *state):
+        st = self.drafter.commit(dict(zip(self.state_names, state, strict=True)), features,
+                                 n_valid)
+        logits = self.drafter.draft(st, anchor)
+        return (logits, *(st[k] for k in self.state_names))

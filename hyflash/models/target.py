@@ -215,7 +215,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x, cos, sin, pos, mask):
+    def forward(self, x, cos, sin, pos, mask, past=None):
+        """-> (output, (k, v) the keys/values attended to: past + new, or the cache)."""
         b, t, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim)
@@ -225,8 +226,12 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_cache is not None:
+        if past is not None:
+            k = torch.cat([past[0], k.to(past[0].dtype)], dim=2)
+            v = torch.cat([past[1], v.to(past[1].dtype)], dim=2)
+        elif self.kv_cache is not None:
             k, v = self.kv_cache.update(pos, k, v)
+        present = (k, v)
         # GQA without copying the cache: the query heads sharing a KV head are stacked
         # along the query axis, so each KV head is read once (no repeat, no broadcast copy)
         rep = c.num_attention_heads // c.num_key_value_heads
@@ -235,7 +240,7 @@ class Attention(nn.Module):
         scores = scores.masked_fill(~mask.repeat(rep, 1), float("-inf"))
         y = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v.to(q.dtype)
         y = y.unflatten(2, (rep, t)).permute(0, 3, 1, 2, 4)  # [b, t, kv heads, rep, hd]
-        return self.o_proj(y.reshape(b, t, -1))
+        return self.o_proj(y.reshape(b, t, -1)), present
 
 
 class MLP(nn.Module):
@@ -257,9 +262,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, pos, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, pos, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, pos, mask, past=None):
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, pos, mask, past)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), present
 
 
 # --------------------------------------------------------------------------- model
@@ -304,14 +310,34 @@ class Target(nn.Module):
         else:
             keys = pos
         mask = keys[None, :] <= pos[:, None]
+        logits, features, _ = self.run_layers(tokens, cos, sin, pos, mask)
+        return logits, features
+
+    def forward_past(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                     past: list[tuple[torch.Tensor, torch.Tensor]],
+                     attention_mask: torch.Tensor | None = None):
+        """Explicit-KV form, as optimum's ONNX models do it: past k/v [1, kv_heads, P,
+        head_dim] per layer in, present [1, kv_heads, P+T, head_dim] out. Keys are at
+        positions 0..P+T-1; attention_mask [1, P+T] can mask some out.
+        -> (logits [1,T,V], features [1,T,F], presents)."""
+        pos = position_ids[0]
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        keys = torch.arange(past[0][0].shape[2] + input_ids.shape[1], dtype=torch.long)
+        mask = keys[None, :] <= pos[:, None]
+        if attention_mask is not None:
+            mask = mask & attention_mask[0].bool()[None, :]
+        return self.run_layers(input_ids, cos, sin, pos, mask, past)
+
+    def run_layers(self, tokens, cos, sin, pos, mask, past=None):
         x = self.embed_tokens(tokens)
-        taps = []
+        taps, presents = [], []
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, pos, mask)
+            x, present = layer(x, cos, sin, pos, mask, None if past is None else past[i])
+            presents.append(present)
             if i in self.cfg.tap_layers:
                 taps.append(x)
         logits = self.lm_head(self.norm(x))
-        return logits, torch.cat(taps, dim=-1)
+        return logits, torch.cat(taps, dim=-1), presents
 
     # ------------------------------------------------------------------ loading
 

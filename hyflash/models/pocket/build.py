@@ -349,7 +349,7 @@ def build(args) -> int:
     t0 = time.time()
     model = train(args, args.work, ids["train"])
     train_seconds = time.time() - t0
-    eval_seq, eval_tokens = 1024, 200_000
+    eval_seq, eval_tokens = min(1024, MODEL_CONFIG["max_position_embeddings"]), 200_000
     loss = evaluate(model, ids["heldout"], eval_seq, eval_tokens)
     print(f"held-out loss {loss:.3f}, perplexity {math.exp(loss):.1f}")
     from transformers import PreTrainedTokenizerFast
