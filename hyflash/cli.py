@@ -55,12 +55,20 @@ def lazy_run(module: str) -> Callable[[argparse.Namespace], int]:
 # ---------------------------------------------------------------------- inspect
 
 def inspect_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a Hugging Face model folder (config.json + safetensors)")
+    p.add_argument("path", help="a Hugging Face model folder (config.json + safetensors), or "
+                                "a bundle written by `hyflash export` (manifest.json)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="static KV cache length to size (default: the model's, capped at 4096)")
 
 
 def inspect_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if (Path(args.path) / "manifest.json").is_file():  # an exported bundle
+        from hyflash.export.manifest import describe, read_bundle
+
+        print(describe(read_bundle(args.path)))
+        return 0
     from hyflash.models.target import TargetConfig, read_hf_config, resolve_model_folder
 
     folder = resolve_model_folder(args.path)
@@ -108,12 +116,12 @@ COMMANDS: dict[str, Command] = {
         "export a target + drafter pair to ONNX, ExecuTorch or Core ML",
         "Write one artifact bundle (model files + manifest.json) for a phone runtime, "
         "quantized, with the drafter's fixed-size state as explicit model I/O.",
-        lambda p: None, not_yet("hyflash export", 6)),
+        lazy_args("hyflash.export.command"), lazy_run("hyflash.export.command")),
     "simulate": Command(
         "run the phone's speculative loop on the desktop with ONNX Runtime",
         "Run the exported graphs exactly as the phone would and report acceptance (tau), "
         "speed against plain decoding, and memory.",
-        lambda p: None, not_yet("hyflash simulate", 6)),
+        lazy_args("hyflash.runtime.simulate"), lazy_run("hyflash.runtime.simulate")),
     "generate": Command(
         "generate text with speculative decoding and print the stats",
         "Stream tokens from a target (optionally with a drafter) and report tau, "
@@ -129,9 +137,9 @@ COMMANDS: dict[str, Command] = {
         "compare them with real device profiles.",
         lambda p: None, not_yet("hyflash budget")),
     "inspect": Command(
-        "describe a model folder (and, later, an exported bundle)",
-        "Print what HyFlash reads from a Hugging Face model folder: architecture, sizes, "
-        "tap layers and feature size, KV cache bytes.",
+        "describe a model folder or an exported bundle",
+        "Print what HyFlash reads from a Hugging Face model folder (architecture, sizes, "
+        "tap layers and feature size, KV cache bytes) or an exported bundle's manifest.",
         inspect_args, inspect_run),
     "demo": Command(
         "run the end-to-end demo on the embedded pocket model",

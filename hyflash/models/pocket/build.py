@@ -159,14 +159,16 @@ def evaluate(model, data: np.ndarray, seq: int, max_tokens: int) -> float:
     return float(np.mean(losses)) if losses else float("nan")
 
 
-def save_checkpoint(path: Path, model, opt, step: int, gen: torch.Generator) -> None:
+def save_checkpoint(path: Path, model, opt, step: int, gen: torch.Generator,
+                    seconds: float = 0.0) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                "gen": gen.get_state()}, tmp)
+                "gen": gen.get_state(), "seconds": seconds}, tmp)
     os.replace(tmp, path)
 
 
 def train(args, work: Path, train_ids: np.ndarray):
+    """-> (model, training seconds summed over every run that led to it)."""
     from tqdm import tqdm
 
     model = make_model(args.seed)
@@ -174,13 +176,13 @@ def train(args, work: Path, train_ids: np.ndarray):
                             weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed)
     ckpt = work / "checkpoint.pt"
-    step = 0
+    step, before = 0, 0.0
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         gen.set_state(state["gen"])
-        step = state["step"]
+        step, before = state["step"], state.get("seconds", 0.0)
         print(f"resuming from {ckpt} at step {step}/{args.steps}")
     model.train()
     bar = tqdm(total=args.steps, initial=step, desc="pocket", dynamic_ncols=True)
@@ -201,10 +203,10 @@ def train(args, work: Path, train_ids: np.ndarray):
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}", seq=seq)
         if step % args.checkpoint_every == 0 or step == args.steps:
-            save_checkpoint(ckpt, model, opt, step, gen)
+            save_checkpoint(ckpt, model, opt, step, gen, before + time.time() - t0)
     bar.close()
     print(f"trained {args.steps} steps ({time.time() - t0:.0f}s this run)")
-    return model
+    return model, before + time.time() - t0
 
 
 def next_token_loss(model, x: torch.Tensor) -> torch.Tensor:
@@ -346,9 +348,8 @@ def build(args) -> int:
         ids[name] = np.load(cache)
     print(f"tokens: train {len(ids['train'])}, held-out {len(ids['heldout'])}")
 
-    t0 = time.time()
-    model = train(args, args.work, ids["train"])
-    train_seconds = time.time() - t0
+    model, train_seconds = train(args, args.work, ids["train"])
+    model = model.to(torch.float16).float()  # measure exactly the weights that ship
     eval_seq, eval_tokens = min(1024, MODEL_CONFIG["max_position_embeddings"]), 200_000
     loss = evaluate(model, ids["heldout"], eval_seq, eval_tokens)
     print(f"held-out loss {loss:.3f}, perplexity {math.exp(loss):.1f}")

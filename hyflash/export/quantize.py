@@ -1,0 +1,111 @@
+"""Quantization recipes for exported ONNX files: one handler per recipe.
+
+Each handler turns an fp32 ONNX file into the recipe's file with ONNX Runtime's own
+quantization tools (no hand-written graph surgery) and returns the description that
+goes into the manifest, so a reader knows exactly which tool and settings made it.
+
+- ``fp32``: the exporter's graph as is.
+- ``int8``: ``quantize_dynamic``: MatMul weights int8 per output channel, activations
+  quantized on the fly (DynamicQuantizeLinear + MatMulInteger). MatMul weights shrink ~4x.
+- ``int4``: ``MatMulNBitsQuantizer``: MatMul weights int4 in blocks of 32 along the
+  input dimension, one fp32 scale per block (symmetric), run by the MatMulNBits
+  contrib op. MatMul weights shrink ~6x.
+
+Only MatMul weights whose weight is a constant are quantized (a MatMul of two
+activations, like the drafter's memory read-out, stays fp32); the token embedding
+Gather and the rope tables stay fp32.
+
+Tied embeddings: the exporter feeds the LM head's MatMul through a Transpose of the
+shared embedding matrix, and leaves that Transpose unfolded because the matrix has a
+second consumer (the embedding Gather). Both ONNX Runtime quantizers only see MatMuls
+whose weight is an initializer, so they would skip the LM head, the largest matrix of a
+small model. The quantized recipes therefore first fold constant Transposes with
+onnxscript's constant folder, which gives the LM head its own (transposed) weight.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from hyflash.errors import HyflashError
+
+INT4_BLOCK = 32
+
+
+def fp32(src: Path, dst: Path) -> dict:
+    shutil.copyfile(src, dst)
+    return {"recipe": "fp32", "weights": "float32"}
+
+
+def fold_weight_transposes(src: Path):
+    """src with every Transpose of a constant folded into a new initializer -> ModelProto."""
+    import onnx
+    import onnx_ir as ir
+    from onnxscript.optimizer import fold_constants
+
+    model = ir.from_proto(onnx.load(str(src)))
+    fold_constants(model, should_fold=lambda node: True if node.op_type == "Transpose" else None,
+                   output_size_limit=1 << 40)
+    return ir.to_proto(model)
+
+
+def weight_matmuls(model) -> list[str]:
+    """Names of MatMul nodes whose second input is an initializer (a weight)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+
+
+def int8(src: Path, dst: Path) -> dict:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with quiet_root_logger():
+        model = fold_weight_transposes(src)
+        nodes = weight_matmuls(model)
+        quantize_dynamic(model, dst, op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes,
+                         per_channel=True, weight_type=QuantType.QInt8)
+    return {"recipe": "int8", "tool": "onnxruntime.quantization.quantize_dynamic",
+            "weights": "int8 per output channel (MatMul)", "activations": "dynamic uint8",
+            "op_types": ["MatMul"], "quantized_nodes": len(nodes)}
+
+
+def int4(src: Path, dst: Path) -> dict:
+    with quiet_root_logger():  # importing the quantizer calls logging.basicConfig(INFO)
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    with quiet_root_logger():
+        # MatMuls of two activations are left alone by the quantizer (no constant weight)
+        q = MatMulNBitsQuantizer(fold_weight_transposes(src), bits=4, block_size=INT4_BLOCK,
+                                 is_symmetric=True, op_types_to_quantize=("MatMul",))
+        q.process()
+    q.model.save_model_to_file(str(dst), use_external_data_format=False)
+    return {"recipe": "int4", "tool": "onnxruntime.quantization.MatMulNBitsQuantizer",
+            "weights": f"int4 symmetric, blocks of {INT4_BLOCK} (MatMulNBits)",
+            "block_size": INT4_BLOCK, "activations": "float32", "op_types": ["MatMul"],
+            "quantized_nodes": sum(n.op_type == "MatMulNBits" for n in q.model.model.graph.node)}
+
+
+@contextmanager
+def quiet_root_logger():
+    """ONNX Runtime's quantizers log advice ("consider pre-processing") on the root logger,
+    and one of them sets the root logger to INFO when imported; keep both to this block."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+RECIPES: dict[str, Callable[[Path, Path], dict]] = {"fp32": fp32, "int8": int8, "int4": int4}
+
+
+def quantize(recipe: str, src: Path, dst: Path) -> dict:
+    """Write src quantized with ``recipe`` to dst; return the manifest's description."""
+    if recipe not in RECIPES:
+        raise HyflashError(f"unknown quantization recipe {recipe!r}: choose one of "
+                           f"{', '.join(RECIPES)}")
+    return RECIPES[recipe](Path(src), Path(dst))

@@ -1,0 +1,207 @@
+"""ONNX Runtime backends for the speculative engine: the bundle's graphs, run the way a
+phone runtime runs them.
+
+``OnnxTarget`` (TargetBackend) runs ``model.onnx``, whose KV cache is explicit I/O in
+optimum's layout: ``past_key_values.N.key/value [1, kv_heads, P, head_dim]`` in,
+``present.N.key/value [1, kv_heads, P+T, head_dim]`` out. The backend keeps the presents
+as numpy arrays and feeds them back as the next call's past:
+
+- IO binding, with every output bound to a numpy buffer allocated here at its known
+  shape: ONNX Runtime writes logits, features and presents straight into memory this
+  backend owns, and binding a contiguous numpy input does not copy it either;
+- rollback only records the new length. The next forward slices the presents to it;
+  the slice is the whole array (no copy) unless a verify rejected drafts, and then only
+  the kept positions are copied (a [1, kv_heads, P, head_dim] slice along P is not
+  contiguous, and ONNX Runtime takes contiguous inputs only).
+
+The graph itself concatenates past and new keys into the present, so every call moves
+the cache once; that is the price of optimum's explicit-KV format (a static-cache graph
+with in-place updates would avoid it, see ExecuTorch).
+
+``OnnxDrafter`` (DrafterBackend) runs ``drafter.onnx`` (commit + draft in one call) and
+``drafter_commit.onnx`` (commit only). ``commit`` just buffers the verified features;
+``draft`` hands the buffered rows to the step graph together with the anchor, so the
+usual round costs one drafter call. When more rows are pending than the step graph
+takes (after the prefill), commit-only calls absorb them first. The state tensors come
+out of each call and go into the next one unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hyflash.errors import HyflashError
+from hyflash.export.manifest import Bundle, read_bundle
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
+             "int32": np.int32, "bool": np.bool_}
+
+
+def make_session(path: Path, threads: int = 0):
+    """An InferenceSession on the CPU; threads 0 = ONNX Runtime's default (all cores)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # warnings about unused initializers are not the user's
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def fixed_shape(spec: dict) -> list[int]:
+    return [int(d) for d in spec["shape"]]
+
+
+class OnnxTarget:
+    """The bundle's target graph behind the TargetBackend protocol (batch 1)."""
+
+    def __init__(self, bundle: Bundle, threads: int = 0):
+        cfg = bundle.target_config
+        kv = bundle.manifest["kv_cache"]
+        self.session = make_session(bundle.path("target"), threads)
+        self.vocab_size = cfg.vocab_size
+        self.max_seq_len = cfg.max_seq_len
+        self.feature_size = cfg.feature_size
+        self.eos_token_ids = tuple(cfg.eos_token_ids)
+        self.kv_shape = (1, kv["kv_heads"], kv["head_dim"])
+        self.kv_dtype = NP_DTYPES[kv["dtype"]]
+        self.past_names = [i.name for i in self.session.get_inputs()][3:]
+        self.present_names = [o.name for o in self.session.get_outputs()][3:]
+        self.io = self.session.io_binding()
+        self.reset()
+
+    def reset(self) -> None:
+        b, h, d = self.kv_shape
+        self.kv = [np.zeros((b, h, 0, d), self.kv_dtype) for _ in self.past_names]
+        self.length = 0  # positions of the cache that hold valid keys/values
+
+    def run(self, tokens: np.ndarray, start_pos: int) -> dict[str, np.ndarray]:
+        """One graph call over tokens [T] at start_pos; returns the output arrays."""
+        t = tokens.shape[0]
+        end = start_pos + t
+        if not 0 <= start_pos <= self.length:
+            raise ValueError(f"forward at position {start_pos} would leave a gap in the KV "
+                             f"cache, which holds {self.length} positions")
+        if end > self.max_seq_len:
+            raise HyflashError(f"positions {start_pos}..{end - 1} do not fit the target's "
+                               f"context of {self.max_seq_len} tokens")
+        io = self.io
+        io.clear_binding_inputs()
+        io.clear_binding_outputs()
+        io.bind_cpu_input("input_ids", tokens.reshape(1, t))
+        io.bind_cpu_input("attention_mask", np.ones((1, end), np.int64))
+        io.bind_cpu_input("position_ids", np.arange(start_pos, end, dtype=np.int64)[None])
+        for name, cache in zip(self.past_names, self.kv, strict=True):
+            past = cache if cache.shape[2] == start_pos else cache[:, :, :start_pos]
+            io.bind_cpu_input(name, np.ascontiguousarray(past))
+        b, h, d = self.kv_shape
+        out = {"logits": np.empty((1, t, self.vocab_size), np.float32),
+               "features": np.empty((1, t, self.feature_size), np.float32),
+               "argmax": np.empty((1, t), np.int64)}
+        out.update({n: np.empty((b, h, end, d), self.kv_dtype) for n in self.present_names})
+        for name, buf in out.items():
+            io.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+        self.session.run_with_iobinding(io)
+        self.kv = [out[n] for n in self.present_names]
+        self.length = end
+        return out
+
+    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1).numpy()
+        out = self.run(ids, start_pos)
+        return torch.from_numpy(out["logits"][0]), torch.from_numpy(out["features"][0])
+
+    def rollback(self, pos: int) -> None:
+        if not 0 <= pos <= self.length:
+            raise ValueError(f"cannot roll back to {pos}: the cache holds {self.length} positions")
+        self.length = pos
+
+    def kv_bytes(self) -> int:
+        return sum(c[:, :, :self.length].nbytes for c in self.kv)
+
+
+class OnnxDrafter:
+    """The bundle's drafter graphs behind the DrafterBackend protocol."""
+
+    def __init__(self, bundle: Bundle, threads: int = 0):
+        cfg = bundle.drafter_config
+        m = bundle.manifest
+        self.block_size = cfg.block_size
+        self.feature_size = cfg.feature_size
+        self.vocab_size = cfg.vocab_size
+        self.step = make_session(bundle.path("drafter_step"), threads)
+        self.commit_only = make_session(bundle.path("drafter_commit"), threads)
+        self.step_rows = m["models"]["drafter_step"]["commit_rows"]
+        self.commit_rows = m["models"]["drafter_commit"]["commit_rows"]
+        self.specs = m["state"]
+        self.step_outputs = ["logits"] + [s["output"] for s in self.specs]
+        self.commit_outputs = [s["output"] for s in self.specs]
+        self.calls = {"step": 0, "commit": 0}
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = {s["input"]: np.zeros(fixed_shape(s), NP_DTYPES[s["dtype"]])
+                      for s in self.specs}
+        self.pending: list[np.ndarray] = []
+        self.n_pending = 0
+        self.count = 0  # features absorbed into the state
+
+    def commit(self, features: torch.Tensor) -> None:
+        rows = torch.as_tensor(features).float().numpy()
+        if rows.ndim != 2 or rows.shape[1] != self.feature_size:
+            raise HyflashError(f"commit of features {tuple(rows.shape)}: expected [N, "
+                               f"{self.feature_size}]")
+        self.pending.append(rows)
+        self.n_pending += rows.shape[0]
+
+    def take(self, n: int, width: int) -> tuple[np.ndarray, int]:
+        """The next up to n pending rows, zero-padded to width rows, and how many are real."""
+        rows = np.concatenate(self.pending) if len(self.pending) > 1 else (
+            self.pending[0] if self.pending else np.zeros((0, self.feature_size), np.float32))
+        k = min(n, width, rows.shape[0])
+        rest = rows[k:]
+        self.pending = [rest] if rest.shape[0] else []
+        self.n_pending = rest.shape[0]
+        chunk = np.zeros((width, self.feature_size), np.float32)
+        chunk[:k] = rows[:k]
+        self.count += k
+        return chunk, k
+
+    def _absorb(self, outputs: list[np.ndarray]) -> None:
+        self.state = {s["input"]: v for s, v in zip(self.specs, outputs, strict=True)}
+
+    def draft(self, anchor: int, pos: int) -> torch.Tensor:
+        if pos != self.count + self.n_pending:
+            raise HyflashError(f"draft at position {pos} but the drafter holds "
+                               f"{self.count + self.n_pending} context features: the engine "
+                               "and drafter are out of step")
+        while self.n_pending > self.step_rows:
+            chunk, k = self.take(self.n_pending - self.step_rows, self.commit_rows)
+            out = self.commit_only.run(self.commit_outputs, {
+                "features": chunk, "n_valid": np.array([k], np.int64), **self.state})
+            self.calls["commit"] += 1
+            self._absorb(out)
+        chunk, k = self.take(self.step_rows, self.step_rows)
+        out = self.step.run(self.step_outputs, {
+            "anchor": np.array([anchor], np.int64), "features": chunk,
+            "n_valid": np.array([k], np.int64), **self.state})
+        self.calls["step"] += 1
+        self._absorb(out[1:])
+        return torch.from_numpy(out[0])
+
+    def state_bytes(self) -> int:
+        """Draft-side memory: the fixed state plus the rows waiting for the next call."""
+        return sum(v.nbytes for v in self.state.values()) + self.step_rows * self.feature_size * 4
+
+
+def load_onnx_pair(folder: str | Path, threads: int = 0,
+                   verify_hashes: bool = True) -> tuple[Bundle, OnnxTarget, OnnxDrafter]:
+    """Validate a bundle and open its target and drafter."""
+    bundle = read_bundle(folder, verify_hashes)
+    if bundle.manifest.get("backend") != "onnx":
+        raise HyflashError(f"bundle {folder} is for {bundle.manifest.get('backend')}, not "
+                           "onnx: simulate runs ONNX bundles (`hyflash export --backend onnx`)")
+    return bundle, OnnxTarget(bundle, threads), OnnxDrafter(bundle, threads)

@@ -1,0 +1,57 @@
+"""Tiny target + drafter pairs for the ONNX tests, saved the way users have them: a
+Hugging Face model folder (conftest's tiny Llama with its word-level tokenizer) and drafter
+folders written by ``Drafter.save``.
+
+The drafters get a few dozen steps of real self-distillation (``hyflash.train``) so that
+they propose tokens the target accepts: then tau > 1, verify rounds accept some drafts
+and reject others, and the ONNX runtime's rollback paths all run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+import torch
+from conftest import WORDS, save_tiny_llama
+
+import hyflash.train.loop as loop
+from hyflash.models.drafter import Drafter
+from hyflash.models.target import Target
+from hyflash.train.data import DataSpec, DistillSet, generate_dataset
+
+torch.set_num_threads(1)  # tiny models; on a busy 2-core machine threads only add overhead
+ort.set_default_logger_severity(3)
+
+CONTEXT = 128
+WINDOW = 16  # small, so that prompts overflow it and the memory state absorbs rows
+
+
+def prompts(n: int = 4, seed: int = 0, lo: int = 6, hi: int = 40) -> list[list[int]]:
+    """Random word-id prompts of varied length (some longer than the drafter's window)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(2, len(WORDS), (k,), generator=g).tolist() for k in lengths]
+
+
+def tiny_pair(root: Path, archs=("hyflash", "full"), steps: int = 60) -> tuple[Path, dict]:
+    """-> (target model folder, {arch: drafter folder}) under root."""
+    folder = save_tiny_llama(root / "target", max_position_embeddings=CONTEXT)
+    target = Target.from_pretrained(folder)
+    stream = torch.randint(2, len(WORDS), (2000,),
+                           generator=torch.Generator().manual_seed(0)).numpy()
+    spec = DataSpec(sequences=32, gen_len=32, short_prompt=(4, 8), long_prompt=(16, 36),
+                    batch=16, shard=16)
+    generate_dataset(target, stream, spec, root / "data", progress=False)
+    target.drop_cache()
+    data = DistillSet(root / "data")
+    drafters = {}
+    for arch in archs:
+        torch.manual_seed(0)
+        kw = {"window": WINDOW} if arch == "hyflash" else {}
+        d = Drafter.for_target(target, arch, num_layers=1, num_heads=4, block_size=4, **kw)
+        loop.train(d, data, loop.TrainSpec(steps=steps, batch=4, anchors=8, lr=1e-2, warmup=5),
+                   root / f"work-{arch}", progress=False)
+        d.save(root / f"drafter-{arch}")
+        drafters[arch] = root / f"drafter-{arch}"
+    return folder, drafters

@@ -1,0 +1,223 @@
+"""ONNX bundles: the exported graphs compute what the torch models compute, the ONNX
+runtime reproduces the torch reference engine token for token, quantized bundles stay
+lossless, and optimum's ORTModelForCausalLM runs the target graph as it is."""
+
+import hashlib
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx_pairs import CONTEXT, prompts, tiny_pair
+
+from hyflash.export.bundle import export_onnx_bundle, requantize_bundle
+from hyflash.export.manifest import read_bundle
+from hyflash.models.drafter import load_drafter
+from hyflash.models.target import Target
+from hyflash.runtime import SpeculativeEngine, TorchTarget
+from hyflash.runtime.drafter_backend import TorchDrafter
+from hyflash.runtime.onnx_backend import load_onnx_pair
+
+ARCHS = ("hyflash", "full")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnx-pair")
+    folder, drafters = tiny_pair(root)
+    bundles = {arch: root / f"bundle-{arch}" for arch in ARCHS}
+    for arch in ARCHS:
+        export_onnx_bundle(folder, drafters[arch], bundles[arch], "fp32", progress=False)
+    for quant in ("int8", "int4"):
+        bundles[quant] = root / f"bundle-{quant}"
+        requantize_bundle(bundles["hyflash"], quant, bundles[quant])
+    return folder, drafters, bundles
+
+
+def torch_pair(folder, drafter_dir):
+    target = Target.from_pretrained(folder)
+    return target, load_drafter(drafter_dir, target)
+
+
+def onnx_pair(bundle):
+    _, target, drafter = load_onnx_pair(bundle, threads=1)
+    return target, drafter
+
+
+# ------------------------------------------------------------------- the bundle
+
+def test_every_file_is_hashed_and_every_graph_passes_the_checker(pair):
+    _, _, bundles = pair
+    for bundle in bundles.values():
+        m = read_bundle(bundle).manifest
+        assert {"model.onnx", "drafter.onnx", "drafter_commit.onnx", "config.json",
+                "generation_config.json", "tokenizer.json"} <= set(m["files"])
+        for name, entry in m["files"].items():
+            data = (bundle / name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+            if name.endswith(".onnx"):
+                onnx.checker.check_model(str(bundle / name), full_check=True)
+
+
+def test_manifest_records_the_io_contract_state_and_kv_layout(pair):
+    folder, _, bundles = pair
+    m = read_bundle(bundles["hyflash"]).manifest
+    hf = json.loads((folder / "config.json").read_text())
+    layers = hf["num_hidden_layers"]
+    assert m["format_version"] == 1 and m["backend"] == "onnx"
+    assert m["window_holds"] == "fused features" and m["block_size"] == 4
+    assert m["target"]["config"]["hidden_size"] == hf["hidden_size"]
+    assert m["drafter"]["config"]["window"] == m["window"] == 16
+    assert m["max_context"] == CONTEXT and m["quantization"]["recipe"] == "fp32"
+
+    target = m["models"]["target"]
+    kv = [f"{p}.{i}.{kv}" for i in range(layers) for kv in ("key", "value")
+          for p in ["past_key_values"]]
+    assert [i["name"] for i in target["inputs"]] == ["input_ids", "attention_mask",
+                                                     "position_ids", *kv]
+    outs = {o["name"]: o for o in target["outputs"]}
+    assert list(outs)[:3] == ["logits", "features", "argmax"]
+    assert outs["logits"]["shape"] == [1, "sequence_length", hf["vocab_size"]]
+    assert outs["argmax"]["dtype"] == "int64"
+    assert outs["present.0.key"]["shape"] == [1, hf["num_key_value_heads"],
+                                              "past_sequence_length + sequence_length",
+                                              hf["hidden_size"] // hf["num_attention_heads"]]
+
+    step = m["models"]["drafter_step"]
+    names = [s["name"] for s in m["state"]]
+    assert names == ["window", "count", "memory_S", "memory_z"]
+    assert [i["name"] for i in step["inputs"]] == ["anchor", "features", "n_valid",
+                                                   *(f"state.{n}" for n in names)]
+    assert [o["name"] for o in step["outputs"]] == ["logits", *(f"new_state.{n}" for n in names)]
+    for spec in step["inputs"] + step["outputs"]:  # every drafter shape is fixed
+        assert all(isinstance(d, int) for d in spec["shape"]), spec
+    by_name = {i["name"]: i for i in step["inputs"]}
+    for s in m["state"]:
+        assert by_name[s["input"]]["shape"] == s["shape"]
+    assert m["state_bytes"] == sum(s["bytes"] for s in m["state"])
+    assert m["kv_cache"]["bytes_per_token"] == 2 * layers * 2 * 8 * 4
+
+
+# ------------------------------------------------------------ graphs vs torch
+
+@torch.no_grad()
+def test_target_graph_matches_torch_on_prefill_decode_verify_and_rollback(pair):
+    folder, drafters, bundles = pair
+    ref = TorchTarget(Target.from_pretrained(folder))
+    ort_target, _ = onnx_pair(bundles["hyflash"])
+    prompt = torch.tensor(prompts(1, seed=3, lo=30, hi=31)[0])
+    steps = [(prompt, 0), (torch.tensor([7]), 30), (torch.tensor([7, 8, 9, 10]), 31),
+             (torch.tensor([11, 12]), 32)]  # the last one after a rollback to 32
+    for tokens, pos in steps:
+        if pos < ort_target.length:
+            ref.rollback(pos)
+            ort_target.rollback(pos)
+        want = ref.forward(tokens, pos)
+        out = ort_target.run(tokens.numpy(), pos)
+        torch.testing.assert_close(torch.from_numpy(out["logits"][0]), want[0], atol=1e-4,
+                                   rtol=1e-4)
+        torch.testing.assert_close(torch.from_numpy(out["features"][0]), want[1], atol=1e-4,
+                                   rtol=1e-4)
+        assert np.array_equal(out["argmax"][0], out["logits"][0].argmax(-1))
+    assert ort_target.length == 34
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@torch.no_grad()
+def test_drafter_graphs_match_the_torch_drafter(pair, arch):
+    """Same commits (a 40-row prefill split over commit-only calls, then rounds of 1..B
+    rows), same drafts: logits within fp32 tolerance."""
+    folder, drafters, bundles = pair
+    target, drafter = torch_pair(folder, drafters[arch])
+    ref = TorchDrafter(drafter)
+    _, ort_drafter = onnx_pair(bundles[arch])
+    seq = torch.tensor([prompts(1, seed=5, lo=80, hi=81)[0]])
+    feats = target(seq, 0)[1][0]
+    pos, gen = 40, torch.Generator().manual_seed(0)
+    ref.commit(feats[:pos])
+    ort_drafter.commit(feats[:pos])
+    while pos < 76:
+        anchor = int(seq[0, pos])
+        torch.testing.assert_close(ort_drafter.draft(anchor, pos), ref.draft(anchor, pos),
+                                   atol=1e-4, rtol=1e-4)
+        n = int(torch.randint(1, 5, (1,), generator=gen))
+        ref.commit(feats[pos:pos + n])
+        ort_drafter.commit(feats[pos:pos + n])
+        pos += n
+    assert ort_drafter.calls["commit"] >= 1  # the prefill went through the commit graph
+
+
+# ------------------------------------------------------------- the whole loop
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp32_bundle_generates_the_torch_reference_tokens(pair, arch):
+    folder, drafters, bundles = pair
+    target, drafter = torch_pair(folder, drafters[arch])
+    reference = SpeculativeEngine(TorchTarget(target), TorchDrafter(drafter))
+    ort_target, ort_drafter = onnx_pair(bundles[arch])
+    exported = SpeculativeEngine(ort_target, ort_drafter)
+    taus = []
+    for prompt in prompts(4, seed=1):
+        want = reference.generate(prompt, max_new_tokens=40, eos_ids=[1])
+        got = exported.generate(prompt, max_new_tokens=40, eos_ids=[1])
+        assert got.tokens == want.tokens
+        # the same drafts were proposed and accepted, position by position
+        assert got.stats.position_accepted == want.stats.position_accepted
+        assert got.stats.rounds == want.stats.rounds
+        taus.append(got.stats.tau)
+    assert max(taus) > 1.2  # drafts were accepted (and, with tau < B, also rejected)
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_bundles_stay_lossless(pair, quant):
+    """Quantization changes the target; verification keeps the output exactly what the
+    (quantized) ONNX target produces alone."""
+    _, _, bundles = pair
+    bundle = read_bundle(bundles[quant])
+    fp32 = read_bundle(bundles["hyflash"])
+    assert bundle.manifest["quantization"]["recipe"] == quant
+    ops = {n.op_type for n in onnx.load(str(bundle.path("target"))).graph.node}
+    assert ("MatMulNBits" if quant == "int4" else "MatMulInteger") in ops
+    size = bundle.manifest["files"]["model.onnx"]["bytes"]
+    assert size < 0.75 * fp32.manifest["files"]["model.onnx"]["bytes"]
+
+    ort_target, ort_drafter = onnx_pair(bundles[quant])
+    plain, spec = SpeculativeEngine(ort_target), SpeculativeEngine(ort_target, ort_drafter)
+    for prompt in prompts(3, seed=2):
+        want = plain.generate(prompt, max_new_tokens=40)
+        got = spec.generate(prompt, max_new_tokens=40)
+        assert got.tokens == want.tokens
+        assert got.stats.target_calls < want.stats.target_calls
+
+
+def test_optimum_ort_model_runs_the_target_graph(pair):
+    """ORTModelForCausalLM finds model.onnx, config.json and generation_config.json in the
+    bundle, feeds past_key_values / reads present itself, and decodes our tokens."""
+    from onnxruntime import SessionOptions
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    _, _, bundles = pair
+    for name in ("hyflash", "int4"):
+        opts = SessionOptions()
+        opts.intra_op_num_threads = 1
+        model = ORTModelForCausalLM.from_pretrained(bundles[name], session_options=opts)
+        assert model.can_use_cache
+        ort_target, _ = onnx_pair(bundles[name])
+        plain = SpeculativeEngine(ort_target)
+        for prompt in prompts(2, seed=4):
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
+                                 do_sample=False, pad_token_id=0)  # stops at eos (id 1)
+            want = plain.generate(prompt, max_new_tokens=20, eos_ids=[1]).tokens
+            assert out[0, len(prompt):].tolist() == want
+
+
+def test_onnx_target_refuses_gaps_and_overflow(pair):
+    _, _, bundles = pair
+    ort_target, _ = onnx_pair(bundles["hyflash"])
+    ort_target.forward(torch.tensor([3, 4, 5]), 0)
+    with pytest.raises(ValueError, match="gap"):
+        ort_target.forward(torch.tensor([6]), 5)
+    with pytest.raises(Exception, match="do not fit the target's context"):
+        ort_target.forward(torch.zeros(CONTEXT, dtype=torch.long), 3)
