@@ -216,3 +216,17 @@ def test_explicit_kv_form_matches_the_static_cache(pair):
     assert past[0][0].shape[2] == 20
     torch.testing.assert_close(torch.cat(got_l, 1), ref_logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat(got_f, 1), ref_feats, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_prefill_equals_cached_forward_and_fills_the_cache(pair):
+    _, ours = pair
+    ids = prompt(25)
+    ours.setup_cache()
+    ref_logits, ref_feats = ours(ids, 0)
+    ref_next = ours(prompt(3, seed=4), 25)[0]
+    ours.setup_cache()
+    logits, feats = ours.prefill(ids)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(feats, ref_feats, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours(prompt(3, seed=4), 25)[0], ref_next, atol=1e-5, rtol=0)

@@ -215,8 +215,9 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x, cos, sin, pos, mask, past=None):
-        """-> (output, (k, v) the keys/values attended to: past + new, or the cache)."""
+    def forward(self, x, cos, sin, pos, mask, past=None, fresh=False):
+        """-> (output, (k, v) the keys/values attended to: past + new, or the cache).
+        fresh: write the cache but attend only to the new keys (a prefill at 0)."""
         b, t, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim)
@@ -230,7 +231,9 @@ class Attention(nn.Module):
             k = torch.cat([past[0], k.to(past[0].dtype)], dim=2)
             v = torch.cat([past[1], v.to(past[1].dtype)], dim=2)
         elif self.kv_cache is not None:
-            k, v = self.kv_cache.update(pos, k, v)
+            written = self.kv_cache.update(pos, k, v)
+            if not fresh:
+                k, v = written
         present = (k, v)
         # GQA without copying the cache: the query heads sharing a KV head are stacked
         # along the query axis, so each KV head is read once (no repeat, no broadcast copy)
@@ -262,8 +265,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, pos, mask, past=None):
-        a, present = self.self_attn(self.input_layernorm(x), cos, sin, pos, mask, past)
+    def forward(self, x, cos, sin, pos, mask, past=None, fresh=False):
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, pos, mask, past, fresh)
         x = x + a
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
@@ -313,6 +316,16 @@ class Target(nn.Module):
         logits, features, _ = self.run_layers(tokens, cos, sin, pos, mask)
         return logits, features
 
+    def prefill(self, tokens: torch.Tensor):
+        """forward(tokens, 0), but attending only to the T prompt keys instead of the whole
+        static cache: same result, far cheaper for long prompts in eager torch."""
+        t = tokens.shape[1]
+        pos = torch.arange(t, dtype=torch.long)
+        mask = pos[None, :] <= pos[:, None]
+        logits, features, _ = self.run_layers(tokens, self.rope_cos[:t], self.rope_sin[:t],
+                                              pos, mask, fresh=True)
+        return logits, features
+
     def forward_past(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                      past: list[tuple[torch.Tensor, torch.Tensor]],
                      attention_mask: torch.Tensor | None = None):
@@ -328,11 +341,12 @@ class Target(nn.Module):
             mask = mask & attention_mask[0].bool()[None, :]
         return self.run_layers(input_ids, cos, sin, pos, mask, past)
 
-    def run_layers(self, tokens, cos, sin, pos, mask, past=None):
+    def run_layers(self, tokens, cos, sin, pos, mask, past=None, fresh=False):
         x = self.embed_tokens(tokens)
         taps, presents = [], []
         for i, layer in enumerate(self.layers):
-            x, present = layer(x, cos, sin, pos, mask, None if past is None else past[i])
+            x, present = layer(x, cos, sin, pos, mask, None if past is None else past[i],
+                               fresh)
             presents.append(present)
             if i in self.cfg.tap_layers:
                 taps.append(x)

@@ -101,7 +101,10 @@ class TorchTarget:
             raise HyflashError(f"positions {start_pos}..{end - 1} do not fit the target's "
                                f"context of {self.max_seq_len} tokens")
         with torch.inference_mode():
-            logits, features = self.model(tokens[None], start_pos)
+            if start_pos == 0:  # a prefill attends to the prompt, not the whole cache
+                logits, features = self.model.prefill(tokens[None])
+            else:
+                logits, features = self.model(tokens[None], start_pos)
         self.length = end
         return logits[0].float(), features[0].float()
 

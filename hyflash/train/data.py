@@ -106,7 +106,7 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
     n, length = prompts.shape
     if target.cache_batch != n:
         target.setup_cache(n)
-    logits, feats = target(prompts, 0)
+    logits, feats = target.prefill(prompts)
     tokens, all_feats = [prompts], [feats]
     pos = length
     for i in range(gen_len):
