@@ -249,42 +249,43 @@ def write_folder(out: Path, model, tok, stats: dict, args) -> None:
 
 
 def model_card(stats: dict, args) -> str:
+    c = MODEL_CONFIG
     samples = "\n".join(
         f"Prompt `{json.dumps(p)}`:\n\n```python\n{s}\n```\n" for p, s in stats["samples"]
     )
-    n = stats["params"]
-    return f"""# pocket: a {n / 1e6:.1f}M-parameter Python code model
+    return f"""# pocket: a {stats['params'] / 1e6:.1f}M-parameter Python code model
 
 The default target of HyFlash. It ships inside the package so that the demo, the
 tests and the benchmarks run offline on any machine.
 
-- Architecture: Llama (`LlamaForCausalLM`), {MODEL_CONFIG['num_hidden_layers']} layers,
-  hidden {MODEL_CONFIG['hidden_size']}, {MODEL_CONFIG['num_attention_heads']} heads
-  ({MODEL_CONFIG['num_key_value_heads']} KV heads), context
-  {MODEL_CONFIG['max_position_embeddings']}, tied embeddings, stored in float16.
-- Tokenizer: byte-level BPE, vocabulary {MODEL_CONFIG['vocab_size']}, `{EOS}` = id 0
-  (BOS, EOS and padding).
-- Training data: the `.py` files of the CPython {stats['python']} standard library
-  (`sysconfig.get_paths()["stdlib"]`, site-packages excluded). Files whose path hashes
-  (sha1 mod 100) below {HELDOUT_PERCENT} are held out: {stats['n_heldout_files']} files,
-  {stats['heldout_tokens']} tokens; {stats['n_train_files']} files,
-  {stats['train_tokens']} tokens for training.
-- Training: {args.steps} AdamW steps of ~{args.tokens_per_step} tokens, cosine decay
-  from {args.lr}, sequences of {args.short_seq} tokens for 70% of the steps and
-  {MODEL_CONFIG['max_position_embeddings']} after; {stats['train_seconds']:.0f} s of
-  training on {stats['machine']}.
+- Architecture: Llama (`LlamaForCausalLM`), {c['num_hidden_layers']} layers, hidden \
+{c['hidden_size']}, {c['num_attention_heads']} heads ({c['num_key_value_heads']} KV heads), \
+context {c['max_position_embeddings']}, tied embeddings, stored in float16.
+- Tokenizer: byte-level BPE, vocabulary {c['vocab_size']}, `{EOS}` = id 0 (BOS, EOS and \
+padding).
+- Training data: the `.py` files of the CPython {stats['python']} standard library \
+(`sysconfig.get_paths()["stdlib"]`, site-packages excluded). Files whose relative path \
+hashes (sha1 mod 100) below {HELDOUT_PERCENT} are held out: {stats['n_heldout_files']} files, \
+{stats['heldout_tokens']} tokens. Training: {stats['n_train_files']} files, \
+{stats['train_tokens']} tokens.
+- Training: {args.steps} AdamW steps of ~{args.tokens_per_step} tokens, cosine decay from \
+{args.lr}, {args.short_seq}-token sequences for 70% of the steps and \
+{c['max_position_embeddings']} after; {stats['train_seconds']:.0f} s of training on \
+{stats['machine']}.
 - Command: `python -m hyflash.models.pocket.build --out DIR` (seed {args.seed}).
 
 ## Held-out quality
-Loss {stats['heldout_loss']:.3f} nats/token, perplexity {math.exp(stats['heldout_loss']):.1f}
-(on held-out files, {stats['eval_seq']}-token windows, up to {stats['eval_tokens']} tokens).
+Loss {stats['heldout_loss']:.3f} nats/token, perplexity {math.exp(stats['heldout_loss']):.1f}, \
+measured on the float16 weights as shipped, over held-out files in \
+{stats['eval_seq']}-token windows (up to {stats['eval_tokens']} tokens).
 
 ## Greedy completions
 {samples}
 ## License
-The training text is the CPython standard library, under the Python Software
-Foundation License. The weights are a derivative of that text; this model is
-distributed under the same terms as the rest of HyFlash, with PSF attribution.
+The training text is the CPython standard library, copyright the Python Software
+Foundation, under the PSF License Agreement. We treat the weights as derived from it:
+they are distributed with HyFlash under its license, and this notice keeps the PSF
+attribution that the PSF License asks of derived works.
 """
 
 
