@@ -172,3 +172,29 @@ def test_simulate_bad_input_is_one_line(exported, capsys, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('"ok"\n{broken\n')
     one_line_error(capsys, ["simulate", str(out), "--prompts", str(bad)], "line 2 is not JSON")
+
+
+# ------------------------------------------------------------------------ generate
+
+def generated_text(capsys, argv) -> str:
+    assert main(["generate", "--prompt", "w3 w14 w15 w9 w2", "--max-new-tokens", "24",
+                 *argv]) == 0
+    out = capsys.readouterr().out
+    return out.split("\n\n")[0], out
+
+
+def test_generate_runs_a_drafter_or_a_bundle_and_stays_lossless(exported, capsys):
+    folder, drafter, bundle = exported
+    plain, _ = generated_text(capsys, ["--target", str(folder), "--no-draft"])
+    drafted, out = generated_text(capsys, ["--target", str(folder), "--drafter", str(drafter)])
+    assert drafted == plain and "acceptance by position" in out
+    onnx_plain, _ = generated_text(capsys, ["--bundle", str(bundle), "--no-draft"])
+    onnx_drafted, out = generated_text(capsys, ["--bundle", str(bundle)])
+    assert onnx_drafted == onnx_plain and "tau" in out
+
+
+def test_generate_bundle_excludes_target_and_drafter(exported, capsys):
+    folder, _, bundle = exported
+    one_line_error(capsys, ["generate", "--bundle", str(bundle), "--target", str(folder),
+                            "--prompt", "w1"], "--bundle already holds")
+
