@@ -21,7 +21,7 @@ def make_drafter(target, arch="hyflash", **kw):
     d = Drafter.for_target(target, arch, num_heads=4, **kw).eval()
     with torch.no_grad():  # make gates, norms and decays matter
         for name, p in d.named_parameters():
-            if p.requires_grad and ("norm" in name or "gate" in name or "decay" in name):
+            if p.requires_grad and any(w in name for w in ("norm", "gate", "decay", "slot")):
                 p.add_(torch.randn_like(p) * 0.3)
     return d
 
@@ -35,10 +35,13 @@ def sequence(target, t=48):
 
 
 @pytest.mark.parametrize("arch,kw", [("hyflash", dict(window=8, block_size=4)),
+                                     ("hyflash", dict(window=8, block_size=4,
+                                                      memory="prefix-slots")),
                                      ("hyflash", dict(window=5, block_size=5, num_layers=1)),
                                      ("full", dict(block_size=4))])
+@pytest.mark.parametrize("chunks", ["random", "single"])
 @torch.no_grad()
-def test_parallel_form_equals_step_form(arch, kw):
+def test_parallel_form_equals_step_form(arch, kw, chunks):
     target = tiny_target()
     d = make_drafter(target, arch, **kw)
     tokens, feats = sequence(target)
@@ -53,7 +56,7 @@ def test_parallel_form_equals_step_form(arch, kw):
         step = d.draft(state, tokens[0, p])
         torch.testing.assert_close(step, par[p], atol=1e-4, rtol=0)
         checked += 1
-        n = int(torch.randint(1, bsz + 1, (1,), generator=gen))
+        n = int(torch.randint(1, bsz + 1, (1,), generator=gen)) if chunks == "random" else 1
         chunk = torch.zeros(bsz, feats.shape[-1])  # fixed-size commit, padded
         real = feats[0, p:p + n]
         chunk[: len(real)] = real
@@ -61,10 +64,11 @@ def test_parallel_form_equals_step_form(arch, kw):
     assert checked > 10
 
 
+@pytest.mark.parametrize("memory", ["decayed-linear", "prefix-slots"])
 @torch.no_grad()
-def test_memory_changes_the_draft_at_long_context():
+def test_memory_changes_the_draft_at_long_context(memory):
     target = tiny_target()
-    d = make_drafter(target, window=8, block_size=4)
+    d = make_drafter(target, window=8, block_size=4, memory=memory)
     tokens, feats = sequence(target)
     anchors = torch.tensor([[40]])
     on = d(tokens, feats, anchors)

@@ -110,6 +110,36 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return (x * ang.cos() + rot * ang.sin()).to(x.dtype)
 
 
+@dataclass
+class ParallelMemory:
+    """How every query of a training pass reads memory: ages of context keys per query
+    and per anchor (steps since the key entered memory; < 0: not yet absorbed)."""
+    age_query: torch.Tensor   # [N, Q, K]
+    age_anchor: torch.Tensor  # [N, A, K]
+    slot_mask: torch.Tensor   # [N, Q, A*M]: a query sees its own anchor's slots, if filled
+
+    def read(self, memory, q, k, v):
+        return memory.read_parallel(q, k, v, self.age_query)
+
+    def slots(self, memory, k, v, queries: int):
+        return (*memory.slots_parallel(k, v, self.age_anchor), self.slot_mask)
+
+
+@dataclass
+class StateMemory:
+    """How a step reads memory: from the fixed-size state of one layer."""
+    S: torch.Tensor
+    z: torch.Tensor
+    filled: torch.Tensor  # [1] bool: has anything left the window yet?
+
+    def read(self, memory, q, k, v):
+        return memory.read_state(q, self.S, self.z)
+
+    def slots(self, memory, k, v, queries: int):
+        ks, vs = memory.slots_state(self.S, self.z)
+        return ks, vs, self.filled.view(1, 1, 1).expand(1, queries, memory.slots)
+
+
 class DrafterLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -134,7 +164,7 @@ class DrafterLayer(nn.Module):
 
     def forward(self, h, h_pos, ctx, ctx_pos, mask, mem):
         """h [N,Q,D] block states at h_pos [N,Q]; ctx [N,K,D] at ctx_pos [N,K];
-        mask [N,Q,K+Q]; mem: ("parallel", age [N,Q,K]) or ("state", S, z) or None."""
+        mask [N,Q,K+Q]; mem: a ParallelMemory, a StateMemory, or None (memory off)."""
         x = self.input_layernorm(h)
         q = self.heads(self.q_proj(x))
         kc, vc = self.context_kv(ctx)
@@ -142,13 +172,14 @@ class DrafterLayer(nn.Module):
         theta = self.cfg.rope_theta
         k = torch.cat([rope(kc, ctx_pos, theta), rope(kb, h_pos, theta)], dim=2)
         v = torch.cat([vc, vb], dim=2)
+        memory = self.memory if mem is not None else None
+        if memory is not None and memory.slots:  # prefix slots join the softmax
+            ks, vs, slot_mask = mem.slots(memory, kc, vc, mask.shape[1])
+            k, v = torch.cat([k, ks], dim=2), torch.cat([v, vs], dim=2)
+            mask = torch.cat([mask, slot_mask], dim=-1)
         o = F.scaled_dot_product_attention(rope(q, h_pos, theta), k, v, attn_mask=mask[:, None])
-        if self.memory is not None and mem is not None:
-            if mem[0] == "parallel":
-                read = self.memory.read_parallel(q, kc, vc, mem[1])
-            else:
-                read = self.memory.read_state(q, mem[1], mem[2])
-            o = self.memory.mix(x, o, read)
+        if memory is not None and not memory.slots:  # gated read-out beside attention
+            o = memory.mix(x, o, mem.read(memory, q, kc, vc))
         n, _, s, _ = o.shape
         h = h + self.o_proj(o.transpose(1, 2).reshape(n, s, -1))
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -202,12 +233,26 @@ class Drafter(nn.Module):
         aid = torch.arange(a).repeat_interleave(bsz)
         blk_ok = (aid[:, None] == aid[None, :]).expand(n, -1, -1)
         mask = torch.cat([ctx_ok, blk_ok], dim=-1)
-        age = p[..., None] - cfg.window - 1 - j  # steps in memory; < 0: not absorbed yet
-        mem = None if self.memory_off else ("parallel", age)
+        mem = None if self.memory_off else self.parallel_memory(anchors, p, j)
         for layer in self.layers:
             h = layer(h, h_pos, ctx, ctx_pos, mask, mem)
         h = h.view(n, a, bsz, -1)[:, :, 1:]
         return self.head(h)
+
+    def parallel_memory(self, anchors: torch.Tensor, p: torch.Tensor,
+                        j: torch.Tensor) -> ParallelMemory | None:
+        """Memory ages for every query (p: anchor of each query) and anchor."""
+        cfg = self.cfg
+        if cfg.memory == "none":
+            return None
+        slots = self.layers[0].memory.slots
+        a = anchors.shape[1]
+        filled = (anchors - cfg.window - 1 >= 0).repeat_interleave(max(slots, 1), dim=1)
+        own = torch.arange(a).repeat_interleave(cfg.block_size)[:, None] == \
+            torch.arange(a).repeat_interleave(max(slots, 1))[None, :]
+        return ParallelMemory(age_query=p[..., None] - cfg.window - 1 - j,
+                              age_anchor=anchors[..., None] - cfg.window - 1 - j,
+                              slot_mask=own[None] & filled[:, None, :])
 
     # -------------------------------------------------------------------- step form
 
@@ -269,7 +314,8 @@ class Drafter(nn.Module):
         for li, layer in enumerate(self.layers):
             mem = None
             if "memory_S" in state and not self.memory_off:
-                mem = ("state", state["memory_S"][li], state["memory_z"][li])
+                mem = StateMemory(state["memory_S"][li], state["memory_z"][li],
+                                  count - cfg.window - 1 >= 0)
             h = layer(h, h_pos, ctx, ctx_pos, mask, mem)
         return self.head(h[0, 1:])
 

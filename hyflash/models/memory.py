@@ -8,8 +8,15 @@ block's queries. Each kind offers the same computation in two forms:
 - ``absorb`` / ``read_state``: for inference, a fixed-size state updated as features
   leave the window, so it can be explicit model I/O.
 
-``decayed-linear`` is linear attention with a learned per-head decay g:
+Both kinds keep the same state, linear attention with a learned per-head decay g:
 ``S <- g*S + phi(k) v^T``, ``z <- g*z + phi(k)``, read as ``phi(q) S / (phi(q) z)``.
+They differ in how the block uses it (the two readings of "prefix memory"):
+
+- ``decayed-linear``: each block query reads the state, and a learned per-head gate adds
+  the read-out to the local attention output.
+- ``prefix-slots``: M learned slot queries read the state; the read-outs become M extra
+  keys/values (learned keys) that the block attends to inside the same softmax as the
+  window, so attention itself decides how much to take from memory.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MEMORY_KINDS = ("decayed-linear", "none")
+MEMORY_KINDS = ("decayed-linear", "prefix-slots", "none")
 EPS = 1e-6
 
 
@@ -29,10 +36,12 @@ def phi(x: torch.Tensor) -> torch.Tensor:
     return F.elu(x) + 1.0
 
 
-class DecayedLinearMemory(nn.Module):
+class DecayedState(nn.Module):
     """Per-head decayed linear attention state [H, hd, hd] + normaliser [H, hd]."""
 
-    def __init__(self, heads: int, head_dim: int, hidden: int,
+    slots = 0  # extra keys/values the kind adds to the block's attention
+
+    def __init__(self, heads: int, head_dim: int,
                  half_lives: tuple[float, float] = (16.0, 1024.0)):
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
@@ -40,17 +49,9 @@ class DecayedLinearMemory(nn.Module):
         hl = torch.logspace(math.log10(lo), math.log10(hi), heads)
         g = torch.pow(2.0, -1.0 / hl)
         self.decay_logit = nn.Parameter(torch.log(g / (1 - g)))
-        self.gate = nn.Linear(hidden, heads)
-        nn.init.zeros_(self.gate.weight)
-        nn.init.zeros_(self.gate.bias)
 
     def log_decay(self) -> torch.Tensor:
         return F.logsigmoid(self.decay_logit)  # [H], log g in (-inf, 0)
-
-    def mix(self, x: torch.Tensor, local: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
-        """local, mem: [N, H, Q, hd]; x: the normed block input [N, Q, D]."""
-        gate = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # [N, H, Q, 1]
-        return local + gate * mem
 
     def read_parallel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       age: torch.Tensor) -> torch.Tensor:
@@ -83,9 +84,49 @@ class DecayedLinearMemory(nn.Module):
         return (pq @ S) / ((pq @ z.unsqueeze(-1)) + EPS)
 
 
+class GatedReadout(DecayedState):
+    """decayed-linear: every block query reads the state; a gate mixes it in."""
+
+    def __init__(self, heads: int, head_dim: int, hidden: int):
+        super().__init__(heads, head_dim)
+        self.gate = nn.Linear(hidden, heads)
+        nn.init.zeros_(self.gate.weight)
+        nn.init.zeros_(self.gate.bias)
+
+    def mix(self, x: torch.Tensor, local: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
+        """local, mem: [N, H, Q, hd]; x: the normed block input [N, Q, D]."""
+        gate = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # [N, H, Q, 1]
+        return local + gate * mem
+
+
+class PrefixSlots(DecayedState):
+    """prefix-slots: M learned queries read the state into M keys/values for the block."""
+
+    def __init__(self, heads: int, head_dim: int, slots: int = 4):
+        super().__init__(heads, head_dim)
+        self.slots = slots
+        self.slot_q = nn.Parameter(torch.randn(heads, slots, head_dim) * 0.5)
+        self.slot_k = nn.Parameter(torch.randn(heads, slots, head_dim) * head_dim ** -0.5)
+
+    def slots_parallel(self, k: torch.Tensor, v: torch.Tensor, age: torch.Tensor):
+        """k/v [N,H,K,hd], age [N,A,K] per anchor -> slot keys, values [N,H,A*M,hd]."""
+        n, a = age.shape[:2]
+        h, m, d = self.slot_q.shape
+        q = self.slot_q[None, :, None].expand(n, h, a, m, d).reshape(n, h, a * m, d)
+        vals = self.read_parallel(q, k, v, age.repeat_interleave(m, dim=1))
+        keys = self.slot_k[None, :, None].expand(n, h, a, m, d).reshape(n, h, a * m, d)
+        return keys, vals
+
+    def slots_state(self, S: torch.Tensor, z: torch.Tensor):
+        """-> slot keys, values [1,H,M,hd] from the state."""
+        return self.slot_k[None], self.read_state(self.slot_q[None], S, z)
+
+
 def make_memory(kind: str, heads: int, head_dim: int, hidden: int) -> nn.Module | None:
     if kind == "none":
         return None
     if kind == "decayed-linear":
-        return DecayedLinearMemory(heads, head_dim, hidden)
+        return GatedReadout(heads, head_dim, hidden)
+    if kind == "prefix-slots":
+        return PrefixSlots(heads, head_dim)
     raise ValueError(f"unknown memory kind {kind!r}: choose one of {', '.join(MEMORY_KINDS)}")

@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=8, help="B: one pass drafts B-1 tokens")
     g.add_argument("--window", type=int, default=64, help="local window W (hyflash only)")
     g.add_argument("--memory", default="decayed-linear",
-                   help="memory kind (hyflash only): decayed-linear or none")
+                   help="memory kind (hyflash only): decayed-linear (read-out mixed in by a "
+                        "gate), prefix-slots (read-out as extra keys in the softmax) or none")
     g.add_argument("--max-seq-len", type=int, default=None,
                    help="context the drafter serves (default: the target's)")
     g = p.add_argument_group("self-distillation data")
@@ -112,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
     data = DistillSet(data_dir)
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
                            lr=args.lr, seed=args.seed)
-    report = train(drafter, data, train_spec, work / f"train-{args.arch}",
-                   progress=not args.quiet)
+    run_name = f"train-{args.arch}"
+    if args.arch == "hyflash" and args.memory != "decayed-linear":
+        run_name += f"-{args.memory}"
+    report = train(drafter, data, train_spec, work / run_name, progress=not args.quiet)
     report.update(target=str(target_path), data=str(args.data), arch=args.arch,
                   params=sum(p.numel() for p in drafter.parameters() if p.requires_grad),
                   state_bytes_fp32=drafter.state_bytes(), data_spec=spec.__dict__,
