@@ -6,7 +6,11 @@ from the pocket model's held-out stdlib files at short and long contexts, plus:
 - the memory ablation: the same HyFlash drafter with its memory read-out zeroed;
 - draft-side memory in bytes against context length, for both drafters.
 
-    python benchmarks/drafter_tau.py --hyflash DIR --full DIR [--prompts 12]
+    python benchmarks/drafter_tau.py --drafter hyflash=DIR --drafter full=DIR \
+        [--drafter slots=DIR] [--prompts 12]
+
+Every drafter with a memory is also run with its memory read-out zeroed ("NAME, memory
+off").
 
 Writes benchmarks/results/drafter_tau.{json,md,png}.
 """
@@ -79,8 +83,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="pocket")
-    ap.add_argument("--hyflash", required=True)
-    ap.add_argument("--full", required=True)
+    ap.add_argument("--drafter", action="append", required=True, metavar="NAME=DIR",
+                    help="a trained drafter to measure (repeat)")
     ap.add_argument("--prompts", type=int, default=12, help="prompts per context length")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--contexts", default="64,1024,1900",
@@ -92,15 +96,20 @@ def main() -> None:
     folder = resolve_model_folder(args.target)
     target = Target.from_pretrained(folder)
     tok = load_tokenizer(folder)
-    drafters = {"hyflash": load_drafter(args.hyflash, target),
-                "full": load_drafter(args.full, target)}
+    drafters = {}
+    for spec in args.drafter:
+        name, _, path = spec.partition("=")
+        drafters[name] = load_drafter(path, target)
+    variants = [(name, d, False) for name, d in drafters.items()]
+    variants += [(f"{name}, memory off", d, True) for name, d in drafters.items()
+                 if d.cfg.memory != "none"]
     contexts = [int(c) for c in args.contexts.split(",")]
     results: dict = {"target": str(folder), "new_tokens": args.new_tokens,
                      "prompts_per_context": args.prompts, "runs": {}}
     for ctx in contexts:
         prompts = heldout_prompts(tok, ctx, args.prompts, seed=ctx)
-        for name, d in [*drafters.items(), ("hyflash, memory off", drafters["hyflash"])]:
-            d.memory_off = name.endswith("memory off")
+        for name, d, off in variants:
+            d.memory_off = off
             engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(d))
             r = run(engine, prompts, args.new_tokens)
             d.memory_off = False
@@ -111,16 +120,20 @@ def main() -> None:
                                            [64, 256, 512, 1024, 2048])
     OUT.mkdir(exist_ok=True)
     (OUT / "drafter_tau.json").write_text(json.dumps(results, indent=1))
-    write_markdown(results, contexts)
-    plot(results, contexts)
+    names = [name for name, _, _ in variants]
+    write_markdown(results, contexts, names)
+    plot(results, contexts, names)
 
 
-def write_markdown(results: dict, contexts) -> None:
+def write_markdown(results: dict, contexts, names) -> None:
     lines = ["| drafter | " + " | ".join(f"tau @ {c}" for c in contexts) + " |",
              "|---|" + "---|" * len(contexts)]
-    for name in ("hyflash", "full", "hyflash, memory off"):
+    for name in names:
         row = [f"{results['runs'][f'{name} @ {c}']['tau']:.3f}" for c in contexts]
         lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines += ["", "| run | acceptance by draft position 1..B-1 |", "|---|---|"]
+    for key, r in results["runs"].items():
+        lines.append(f"| {key} | " + " ".join(f"{x:.2f}" for x in r["acceptance"]) + " |")
     lines += ["", "| drafter | " + " | ".join(f"{n} tok" for n in [64, 256, 512, 1024, 2048])
               + " |", "|---|" + "---|" * 5]
     for name, row in results["memory_bytes"].items():
@@ -130,14 +143,14 @@ def write_markdown(results: dict, contexts) -> None:
     print("\n".join(lines))
 
 
-def plot(results: dict, contexts) -> None:
+def plot(results: dict, contexts, names) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in ("hyflash", "full", "hyflash, memory off"):
+    for name in names:
         a.plot(contexts, [results["runs"][f"{name} @ {c}"]["tau"] for c in contexts], "o-",
                label=name)
     a.set(xlabel="prompt length (tokens)", ylabel="tau (tokens / verify)",
