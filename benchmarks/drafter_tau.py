@@ -12,7 +12,7 @@ from the pocket model's held-out stdlib files at short and long contexts, plus:
 Every drafter with a memory is also run with its memory read-out zeroed ("NAME, memory
 off").
 
-Writes benchmarks/results/drafter_tau.{json,md,png}.
+Writes benchmarks/results/NAME.{json,md,png} (NAME: --name, default drafter_tau).
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="64,1024,1900",
                     help="prompt lengths (prompt + new tokens must fit the context)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--name", default="drafter_tau", help="stem of the result files")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -119,13 +120,13 @@ def main() -> None:
     results["memory_bytes"] = memory_table(drafters, target.cfg.hidden_size,
                                            [64, 256, 512, 1024, 2048])
     OUT.mkdir(exist_ok=True)
-    (OUT / "drafter_tau.json").write_text(json.dumps(results, indent=1))
+    (OUT / f"{args.name}.json").write_text(json.dumps(results, indent=1))
     names = [name for name, _, _ in variants]
-    write_markdown(results, contexts, names)
-    plot(results, contexts, names)
+    write_markdown(results, contexts, names, args.name)
+    plot(results, contexts, names, args.name)
 
 
-def write_markdown(results: dict, contexts, names) -> None:
+def write_markdown(results: dict, contexts, names, stem: str) -> None:
     lines = ["| drafter | " + " | ".join(f"tau @ {c}" for c in contexts) + " |",
              "|---|" + "---|" * len(contexts)]
     for name in names:
@@ -139,11 +140,11 @@ def write_markdown(results: dict, contexts, names) -> None:
     for name, row in results["memory_bytes"].items():
         lines.append(f"| {name} | " + " | ".join(f"{v / 1024:.0f} KiB" for v in row.values())
                      + " |")
-    (OUT / "drafter_tau.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def plot(results: dict, contexts, names) -> None:
+def plot(results: dict, contexts, names, stem: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,7 +163,7 @@ def plot(results: dict, contexts, names) -> None:
           title="draft-side memory")
     b.legend()
     fig.tight_layout()
-    fig.savefig(OUT / "drafter_tau.png", dpi=120)
+    fig.savefig(OUT / f"{stem}.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -112,3 +112,21 @@ def test_interrupted_build_resumes_from_its_checkpoint(tmp_path, monkeypatch, ca
     assert "at step 2/4" in capsys.readouterr().out
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert hf.config.num_hidden_layers == 1
+
+
+@pytest.mark.parametrize("name", ["pocket", "pocket-full"])
+def test_shipped_drafters_load_and_stay_lossless(name):
+    from hyflash.models.drafter import load_drafter
+    from hyflash.runtime import SpeculativeEngine, TorchTarget
+    from hyflash.runtime.drafter_backend import TorchDrafter
+
+    folder = pocket.path()
+    target = Target.from_pretrained(folder)
+    drafter = load_drafter(name, target)
+    assert drafter.cfg.block_size == 8 and drafter.cfg.arch == ("full" if "full" in name
+                                                                  else "hyflash")
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(PROMPT).input_ids
+    out = SpeculativeEngine(TorchTarget(target), TorchDrafter(drafter)).generate(
+        ids, max_new_tokens=32)
+    assert hashlib.sha256(str(out.tokens).encode()).hexdigest() == GREEDY_SHA256
+    assert out.stats.target_calls < 33  # the drafter saved some target calls

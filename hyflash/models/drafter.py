@@ -341,9 +341,14 @@ class Drafter(nn.Module):
 
 
 def load_drafter(folder: str | Path, target: Target) -> Drafter:
-    """Load a saved drafter onto the target it was trained for (checked, not assumed)."""
+    """Load a saved drafter onto the target it was trained for (checked, not assumed).
+    ``pocket`` / ``pocket-full`` name the pocket model's shipped drafters."""
     from safetensors.torch import load_file
 
+    from hyflash.models import pocket
+
+    if str(folder) in pocket.DRAFTERS:  # the shipped drafters of the pocket model
+        folder = pocket.drafter_path(pocket.DRAFTERS[str(folder)])
     folder = Path(folder)
     meta_file = folder / "config.json"
     if not meta_file.exists() or not (folder / "model.safetensors").exists():

@@ -2,6 +2,7 @@
 
 `path()` is the one place the rest of the code asks for the default model; the folder
 is a plain Hugging Face model folder built by `python -m hyflash.models.pocket.build`.
+`drafter_path(arch)` gives its shipped drafters (`hyflash train --target pocket`).
 """
 
 from __future__ import annotations
@@ -20,3 +21,16 @@ def path() -> Path:
         raise HyflashError(f"the pocket model is missing from {folder}; rebuild it with "
                            "`python -m hyflash.models.pocket.build --out " f"{folder}`")
     return folder
+
+
+DRAFTERS = {"pocket": "hyflash", "pocket-hyflash": "hyflash", "pocket-full": "full"}
+
+
+def drafter_path(arch: str = "hyflash") -> Path:
+    """Folder of a shipped pocket drafter: ``hyflash`` or the ``full``-context baseline."""
+    folder = HERE / "drafters" / arch
+    if not (folder / "model.safetensors").exists():
+        raise HyflashError(f"the pocket {arch} drafter is missing from {folder}; train one "
+                           f"with `hyflash train --target pocket --data stdlib --arch {arch}`")
+    return folder
+
