@@ -130,3 +130,11 @@ def test_shipped_drafters_load_and_stay_lossless(name):
         ids, max_new_tokens=32)
     assert hashlib.sha256(str(out.tokens).encode()).hexdigest() == GREEDY_SHA256
     assert out.stats.target_calls < 33  # the drafter saved some target calls
+
+
+def test_pocket_drafter_keywords_resolve_to_the_shipped_folders():
+    from hyflash.models.drafter import resolve_drafter_folder
+
+    assert resolve_drafter_folder("pocket") == pocket.drafter_path("hyflash")
+    assert resolve_drafter_folder("pocket-full") == pocket.drafter_path("full")
+    assert resolve_drafter_folder("runs/x") == Path("runs/x")

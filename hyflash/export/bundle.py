@@ -37,14 +37,14 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
     drafter trained for it into a bundle at out; return the manifest."""
     import torch
 
-    from hyflash.models.drafter import load_drafter
+    from hyflash.models.drafter import load_drafter, resolve_drafter_folder
     from hyflash.models.target import Target, resolve_model_folder
 
     if quant not in RECIPES:
         raise HyflashError(f"unknown quantization recipe {quant!r}: choose one of "
                            f"{', '.join(RECIPES)}")
     folder = resolve_model_folder(target_path)
-    drafter_dir = Path(drafter_dir)
+    drafter_dir = resolve_drafter_folder(drafter_dir)
     taps = read_drafter_taps(drafter_dir)
     target = Target.from_pretrained(folder, dtype="float32", max_seq_len=max_seq_len,
                                     tap_layers=taps)

@@ -340,16 +340,21 @@ class Drafter(nn.Module):
                   folder / "model.safetensors")
 
 
+def resolve_drafter_folder(folder: str | Path) -> Path:
+    """A drafter folder, or ``pocket`` / ``pocket-full``: the pocket model's shipped ones."""
+    from hyflash.models import pocket
+
+    if str(folder) in pocket.DRAFTERS:
+        return pocket.drafter_path(pocket.DRAFTERS[str(folder)])
+    return Path(folder)
+
+
 def load_drafter(folder: str | Path, target: Target) -> Drafter:
     """Load a saved drafter onto the target it was trained for (checked, not assumed).
     ``pocket`` / ``pocket-full`` name the pocket model's shipped drafters."""
     from safetensors.torch import load_file
 
-    from hyflash.models import pocket
-
-    if str(folder) in pocket.DRAFTERS:  # the shipped drafters of the pocket model
-        folder = pocket.drafter_path(pocket.DRAFTERS[str(folder)])
-    folder = Path(folder)
+    folder = resolve_drafter_folder(folder)
     meta_file = folder / "config.json"
     if not meta_file.exists() or not (folder / "model.safetensors").exists():
         raise HyflashError(f"no drafter at {folder}: expected config.json + model.safetensors "
