@@ -10,10 +10,8 @@ write the manifest. ``manifest.write_bundle`` makes the whole thing atomic.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
@@ -22,7 +20,7 @@ from hyflash import __version__
 from hyflash.errors import HyflashError
 from hyflash.export import manifest as mf
 from hyflash.export import onnx as ox
-from hyflash.export.quantize import RECIPES, quantize
+from hyflash.export.quantize import RECIPES, quantize, quiet_logger
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -57,7 +55,7 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
                   ("drafter_commit", ox.COMMIT_FILE))
         with tqdm(total=4, desc="export", unit="step", disable=not progress) as bar, \
                 tempfile.TemporaryDirectory(prefix="hyflash-fp32-") as scratch, \
-                quiet_exporter(), torch.no_grad():
+                quiet_logger("torch.onnx"), torch.no_grad():
             s = Path(scratch)
             bar.set_postfix_str("target graph")
             ox.export_target(target, s / ox.TARGET_FILE)
@@ -157,18 +155,6 @@ def drafter_config_dict(drafter) -> dict:
     d = asdict(drafter.cfg)
     d["tap_layers"] = list(d["tap_layers"])
     return d
-
-
-@contextmanager
-def quiet_exporter():
-    """torch.onnx logs notices (skipped torchvision ops, ...) that are not the user's."""
-    log = logging.getLogger("torch.onnx")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def requantize_bundle(src: str | Path, quant: str, out: str | Path) -> dict:

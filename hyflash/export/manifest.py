@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hyflash.atomic import write_folder_atomically
 from hyflash.errors import HyflashError
 
 FORMAT_VERSION = 1
@@ -61,23 +59,13 @@ def write_bundle(out: Path, fill: Callable[[Path], dict]) -> dict:
                                               and not (out / MANIFEST).exists())):
         raise HyflashError(f"{out} exists and is not a hyflash bundle: choose a new --out "
                            "folder (an existing bundle there would be replaced)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    old = None
-    try:
+    def write(tmp: Path) -> dict:
         manifest = fill(tmp)
         manifest["files"] = file_table(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
-            os.replace(out, old / out.name)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    return manifest
+        return manifest
+
+    return write_folder_atomically(out, write)
 
 
 # ------------------------------------------------------------------------ reading

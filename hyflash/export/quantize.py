@@ -62,7 +62,7 @@ def weight_matmuls(model) -> list[str]:
 def int8(src: Path, dst: Path) -> dict:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with quiet_root_logger():
+    with quiet_logger():
         model = fold_weight_transposes(src)
         nodes = weight_matmuls(model)
         quantize_dynamic(model, dst, op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes,
@@ -73,9 +73,9 @@ def int8(src: Path, dst: Path) -> dict:
 
 
 def int4(src: Path, dst: Path) -> dict:
-    with quiet_root_logger():  # importing the quantizer calls logging.basicConfig(INFO)
+    with quiet_logger():  # importing the quantizer calls logging.basicConfig(INFO)
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    with quiet_root_logger():
+    with quiet_logger():
         # MatMuls of two activations are left alone by the quantizer (no constant weight)
         q = MatMulNBitsQuantizer(fold_weight_transposes(src), bits=4, block_size=INT4_BLOCK,
                                  is_symmetric=True, op_types_to_quantize=("MatMul",))
@@ -88,16 +88,17 @@ def int4(src: Path, dst: Path) -> dict:
 
 
 @contextmanager
-def quiet_root_logger():
-    """ONNX Runtime's quantizers log advice ("consider pre-processing") on the root logger,
-    and one of them sets the root logger to INFO when imported; keep both to this block."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
+def quiet_logger(name: str | None = None):
+    """Raise a logger to ERROR for a block. ONNX Runtime's quantizers log advice on the
+    root logger (one sets it to INFO when imported); torch.onnx logs notices that are not
+    the user's."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        root.setLevel(level)
+        log.setLevel(level)
 
 
 RECIPES: dict[str, Callable[[Path, Path], dict]] = {"fp32": fp32, "int8": int8, "int4": int4}

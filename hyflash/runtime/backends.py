@@ -71,6 +71,19 @@ class DrafterBackend(Protocol):
         ...
 
 
+def check_span(start_pos: int, count: int, length: int, max_seq_len: int) -> int:
+    """A target call writes count positions at start_pos: it must continue the cache
+    (no gap after its ``length`` valid positions) and fit the context. -> end position."""
+    end = start_pos + count
+    if not 0 <= start_pos <= length:
+        raise ValueError(f"forward at position {start_pos} would leave a gap in the KV "
+                         f"cache, which holds {length} positions")
+    if end > max_seq_len:
+        raise HyflashError(f"positions {start_pos}..{end - 1} do not fit the target's "
+                           f"context of {max_seq_len} tokens")
+    return end
+
+
 class TorchTarget:
     """``hyflash.models.target.Target`` behind the TargetBackend protocol (plain torch).
 
@@ -93,13 +106,7 @@ class TorchTarget:
 
     def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        end = start_pos + tokens.numel()
-        if not 0 <= start_pos <= self.length:
-            raise ValueError(f"forward at position {start_pos} would leave a gap in the KV "
-                             f"cache, which holds {self.length} positions")
-        if end > self.max_seq_len:
-            raise HyflashError(f"positions {start_pos}..{end - 1} do not fit the target's "
-                               f"context of {self.max_seq_len} tokens")
+        end = check_span(start_pos, tokens.numel(), self.length, self.max_seq_len)
         with torch.inference_mode():
             if start_pos == 0:  # a prefill attends to the prompt, not the whole cache
                 logits, features = self.model.prefill(tokens[None])

@@ -35,6 +35,7 @@ import torch
 
 from hyflash.errors import HyflashError
 from hyflash.export.manifest import Bundle, read_bundle
+from hyflash.runtime.backends import check_span
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
              "int32": np.int32, "bool": np.bool_}
@@ -81,13 +82,7 @@ class OnnxTarget:
     def run(self, tokens: np.ndarray, start_pos: int) -> dict[str, np.ndarray]:
         """One graph call over tokens [T] at start_pos; returns the output arrays."""
         t = tokens.shape[0]
-        end = start_pos + t
-        if not 0 <= start_pos <= self.length:
-            raise ValueError(f"forward at position {start_pos} would leave a gap in the KV "
-                             f"cache, which holds {self.length} positions")
-        if end > self.max_seq_len:
-            raise HyflashError(f"positions {start_pos}..{end - 1} do not fit the target's "
-                               f"context of {self.max_seq_len} tokens")
+        end = check_span(start_pos, t, self.length, self.max_seq_len)
         io = self.io
         io.clear_binding_inputs()
         io.clear_binding_outputs()

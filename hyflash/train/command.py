@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
+from hyflash.atomic import write_folder_atomically
 from hyflash.errors import HyflashError
 
 
@@ -121,23 +119,8 @@ def run(args: argparse.Namespace) -> int:
                   params=sum(p.numel() for p in drafter.parameters() if p.requires_grad),
                   state_bytes_fp32=drafter.state_bytes(), data_spec=spec.__dict__,
                   total_seconds=round(time.time() - t0, 1))
-    write_atomically(args.out, lambda tmp: drafter.save(tmp, {"training": report}))
+    write_folder_atomically(args.out, lambda tmp: drafter.save(tmp, {"training": report}))
     print(json.dumps({k: report[k] for k in ("val_accuracy", "val_expected_tau", "params",
                                              "state_bytes_fp32")}))
     print(f"wrote {args.out}")
     return 0
-
-
-def write_atomically(out: Path, write) -> None:
-    """Write into a temp folder beside out, then rename: never a half-written folder."""
-    out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)

@@ -24,12 +24,13 @@ import os
 import shutil
 import sys
 import sysconfig
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from hyflash.atomic import write_folder_atomically
 
 EOS = "<|endoftext|>"
 HELDOUT_PERCENT = 3  # files whose path hash falls below this go to the held-out split
@@ -227,12 +228,10 @@ def greedy(model, tok, prompt: str, n: int) -> str:
 def write_folder(out: Path, model, tok, stats: dict, args) -> None:
     from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-    out = out.resolve()
-    tmp = Path(tempfile.mkdtemp(prefix=".pocket-", dir=out.parent))
-    try:
-        model = model.to(torch.float16)
-        model.config.torch_dtype = torch.float16
-        model.save_pretrained(tmp, safe_serialization=True)
+    def write(tmp: Path) -> None:
+        half = model.to(torch.float16)
+        half.config.torch_dtype = torch.float16
+        half.save_pretrained(tmp, safe_serialization=True)
         GenerationConfig(bos_token_id=0, eos_token_id=0, pad_token_id=0,
                          do_sample=False).save_pretrained(tmp)
         PreTrainedTokenizerFast(
@@ -240,12 +239,8 @@ def write_folder(out: Path, model, tok, stats: dict, args) -> None:
             pad_token=EOS, model_max_length=MODEL_CONFIG["max_position_embeddings"],
         ).save_pretrained(tmp)
         (tmp / "README.md").write_text(model_card(stats, args))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+
+    write_folder_atomically(out, write)
 
 
 def model_card(stats: dict, args) -> str:
