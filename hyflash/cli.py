@@ -98,10 +98,18 @@ def inspect_run(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------- demo
 
+DEMO_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
+
+
 def demo_run(args: argparse.Namespace) -> int:
-    print("hyflash demo: coming soon. The end-to-end demo (export, simulate, report on the "
-          "embedded pocket model) is not built yet; `hyflash inspect PATH` works today.")
-    return 0
+    """Speculative decoding on the embedded pocket model with its shipped HyFlash drafter,
+    offline. The full end-to-end demo (export, simulate, budget) lands with its issue."""
+    print("HyFlash demo: the pocket code model + its HyFlash drafter, torch runtime, greedy\n")
+    code = main(["generate", "--target", "pocket", "--drafter", "pocket", "--prompt",
+                 DEMO_PROMPT, "--max-new-tokens", "96"])
+    print("\nNext: hyflash export --target pocket --drafter pocket --backend onnx --quant int4 "
+          "--out bundles/pocket-int4\n      hyflash simulate bundles/pocket-int4")
+    return code
 
 
 # ------------------------------------------------------------------------ table
@@ -143,7 +151,8 @@ COMMANDS: dict[str, Command] = {
         inspect_args, inspect_run),
     "demo": Command(
         "run the end-to-end demo on the embedded pocket model",
-        "Export, simulate and report on the shipped pocket model pair, fully offline.",
+        "Generate with the shipped pocket model and its HyFlash drafter, fully offline, and "
+        "print the speculative decoding stats.",
         lambda p: None, demo_run),
 }
 

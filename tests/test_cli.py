@@ -67,3 +67,9 @@ def test_inspect_describes_a_model_folder(tmp_path, capsys):
     assert "qwen3" in out and "[1, 2] -> 64" in out
     # 2 (k, v) * 4 layers * 2 kv heads * 16 dims * 2 bytes
     assert "512 B/token" in out
+
+
+def test_demo_runs_offline_on_the_pocket_pair(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "tau (tokens per verify)" in out and "drafter calls" in out
