@@ -114,9 +114,9 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 class ParallelMemory:
     """How every query of a training pass reads memory: ages of context keys per query
     and per anchor (steps since the key entered memory; < 0: not yet absorbed)."""
-    age_query: torch.Tensor   # [N, Q, K]
-    age_anchor: torch.Tensor  # [N, A, K]
-    slot_mask: torch.Tensor   # [N, Q, A*M]: a query sees its own anchor's slots, if filled
+    age_query: torch.Tensor | None = None   # [N, Q, K], for the gated read-out
+    age_anchor: torch.Tensor | None = None  # [N, A, K], for prefix slots
+    slot_mask: torch.Tensor | None = None   # [N, Q, A*M]: own anchor's slots, if filled
 
     def read(self, memory, q, k, v):
         return memory.read_parallel(q, k, v, self.age_query)
@@ -246,12 +246,13 @@ class Drafter(nn.Module):
         if cfg.memory == "none":
             return None
         slots = self.layers[0].memory.slots
+        if not slots:  # gated read-out: every query reads its anchor's memory
+            return ParallelMemory(age_query=p[..., None] - cfg.window - 1 - j)
         a = anchors.shape[1]
-        filled = (anchors - cfg.window - 1 >= 0).repeat_interleave(max(slots, 1), dim=1)
+        filled = (anchors - cfg.window - 1 >= 0).repeat_interleave(slots, dim=1)
         own = torch.arange(a).repeat_interleave(cfg.block_size)[:, None] == \
-            torch.arange(a).repeat_interleave(max(slots, 1))[None, :]
-        return ParallelMemory(age_query=p[..., None] - cfg.window - 1 - j,
-                              age_anchor=anchors[..., None] - cfg.window - 1 - j,
+            torch.arange(a).repeat_interleave(slots)[None, :]
+        return ParallelMemory(age_anchor=anchors[..., None] - cfg.window - 1 - j,
                               slot_mask=own[None] & filled[:, None, :])
 
     # -------------------------------------------------------------------- step form

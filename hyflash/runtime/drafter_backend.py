@@ -45,9 +45,6 @@ class TorchDrafter:
                                "context features: the engine and drafter are out of step")
         return self.drafter.draft(self.state, torch.tensor([anchor])).float()
 
-    def state_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.state.values())
-
 
 def load_torch_drafter(path: str | Path, target: Target) -> TorchDrafter:
     return TorchDrafter(load_drafter(path, target))

@@ -132,7 +132,7 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
     max_len = spec.long_prompt[1] + spec.gen_len
     if max_len > target.cfg.max_seq_len:
         raise HyflashError(f"prompt + continuation ({max_len}) exceeds the target's context "
-                           f"({target.cfg.max_seq_len}); lower --max-prompt")
+                           f"({target.cfg.max_seq_len}); shorten the prompts or --gen-len")
     if len(stream) < 4 * max_len:
         raise HyflashError(f"too few examples: the corpus has {len(stream)} tokens, need at "
                            f"least {4 * max_len} to cut prompts of up to {max_len}")
