@@ -39,11 +39,13 @@ def sequence(target, t=48):
                                                       memory="prefix-slots")),
                                      ("hyflash", dict(window=5, block_size=5, num_layers=1)),
                                      ("full", dict(block_size=4))])
-@pytest.mark.parametrize("chunks", ["random", "single"])
+@pytest.mark.parametrize("chunks,window_cache", [("random", "kv"), ("single", "kv"),
+                                                 ("random", "features")])
 @torch.no_grad()
-def test_parallel_form_equals_step_form(arch, kw, chunks):
+def test_parallel_form_equals_step_form(arch, kw, chunks, window_cache):
     target = tiny_target()
     d = make_drafter(target, arch, **kw)
+    d.window_cache = window_cache
     tokens, feats = sequence(target)
     t, bsz = tokens.shape[1], d.cfg.block_size
     anchors = torch.arange(0, t - bsz + 1)[None]
@@ -77,10 +79,12 @@ def test_memory_changes_the_draft_at_long_context(memory):
     assert (on - off).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("window_cache", ["kv", "features"])
 @torch.no_grad()
-def test_state_shapes_fixed_and_hyflash_state_independent_of_context():
+def test_state_shapes_fixed_and_hyflash_state_independent_of_context(window_cache):
     target = tiny_target(max_seq_len=256)
     d = make_drafter(target, window=16, block_size=4)
+    d.window_cache = window_cache
     tokens = torch.randint(0, 97, (1, 200), generator=torch.Generator().manual_seed(0))
     _, feats = target(tokens, 0)
     state = d.init_state()
@@ -90,8 +94,24 @@ def test_state_shapes_fixed_and_hyflash_state_independent_of_context():
         d.draft(state, tokens[0, p + 4])
         assert {k: (v.shape, v.dtype) for k, v in state.items()} == shapes
     full = make_drafter(target, "full", block_size=4)
+    full.window_cache = window_cache
     assert d.state_bytes() < full.state_bytes() / 4
-    assert full.init_state()["window"].shape[0] == 256  # grows with max context
+    window = "window" if window_cache == "features" else "window_k"
+    assert full.init_state()[window].shape[-2] == 256  # grows with max context
+    assert d.init_state()[window].shape[-2] == 16  # does not
+
+
+def test_window_caches_trade_bytes_for_compute():
+    """kv keeps each layer's K and V (2 x layers x the fused window), same drafts."""
+    d = make_drafter(tiny_target(), window=8, block_size=4)
+    d.window_cache = "features"
+    small = d.state_bytes()
+    d.window_cache = "kv"
+    fused = 8 * d.cfg.hidden_size * 4
+    assert d.state_bytes() - small == (2 * d.cfg.num_layers - 1) * fused
+    d.window_cache = "ring"
+    with pytest.raises(HyflashError, match="unknown window cache 'ring'"):
+        d.init_state()
 
 
 def test_save_load_roundtrip_and_target_mismatch(tmp_path):

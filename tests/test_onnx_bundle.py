@@ -19,16 +19,19 @@ from hyflash.runtime import SpeculativeEngine, TorchTarget
 from hyflash.runtime.drafter_backend import TorchDrafter
 from hyflash.runtime.onnx_backend import load_onnx_pair
 
-ARCHS = ("hyflash", "full")
+# bundle name -> (drafter arch, window cache); hyflash-features keeps fused features
+BUNDLES = {"hyflash": ("hyflash", "kv"), "full": ("full", "kv"),
+           "hyflash-features": ("hyflash", "features")}
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("onnx-pair")
     folder, drafters = tiny_pair(root)
-    bundles = {arch: root / f"bundle-{arch}" for arch in ARCHS}
-    for arch in ARCHS:
-        export_onnx_bundle(folder, drafters[arch], bundles[arch], "fp32", progress=False)
+    bundles = {name: root / f"bundle-{name}" for name in BUNDLES}
+    for name, (arch, cache) in BUNDLES.items():
+        export_onnx_bundle(folder, drafters[arch], bundles[name], "fp32", progress=False,
+                           window_cache=cache)
     for quant in ("int8", "int4"):
         bundles[quant] = root / f"bundle-{quant}"
         requantize_bundle(bundles["hyflash"], quant, bundles[quant])
@@ -66,7 +69,8 @@ def test_manifest_records_the_io_contract_state_and_kv_layout(pair):
     hf = json.loads((folder / "config.json").read_text())
     layers = hf["num_hidden_layers"]
     assert m["format_version"] == 1 and m["backend"] == "onnx"
-    assert m["window_holds"] == "fused features" and m["block_size"] == 4
+    assert m["window_cache"] == "kv" and m["block_size"] == 4
+    assert read_bundle(bundles["hyflash-features"]).manifest["window_cache"] == "features"
     assert m["target"]["config"]["hidden_size"] == hf["hidden_size"]
     assert m["drafter"]["config"]["window"] == m["window"] == 16
     assert m["max_context"] == CONTEXT and m["quantization"]["recipe"] == "fp32"
@@ -86,7 +90,7 @@ def test_manifest_records_the_io_contract_state_and_kv_layout(pair):
 
     step = m["models"]["drafter_step"]
     names = [s["name"] for s in m["state"]]
-    assert names == ["window", "count", "memory_S", "memory_z"]
+    assert names == ["window_k", "window_v", "count", "memory_S", "memory_z"]
     assert [i["name"] for i in step["inputs"]] == ["anchor", "features", "n_valid",
                                                    *(f"state.{n}" for n in names)]
     assert [o["name"] for o in step["outputs"]] == ["logits", *(f"new_state.{n}" for n in names)]
@@ -123,15 +127,15 @@ def test_target_graph_matches_torch_on_prefill_decode_verify_and_rollback(pair):
     assert ort_target.length == 34
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", BUNDLES)
 @torch.no_grad()
-def test_drafter_graphs_match_the_torch_drafter(pair, arch):
+def test_drafter_graphs_match_the_torch_drafter(pair, name):
     """Same commits (a 40-row prefill split over commit-only calls, then rounds of 1..B
-    rows), same drafts: logits within fp32 tolerance."""
+    rows), same drafts: logits within fp32 tolerance (the torch reference keeps K/V)."""
     folder, drafters, bundles = pair
-    target, drafter = torch_pair(folder, drafters[arch])
+    target, drafter = torch_pair(folder, drafters[BUNDLES[name][0]])
     ref = TorchDrafter(drafter)
-    _, ort_drafter = onnx_pair(bundles[arch])
+    _, ort_drafter = onnx_pair(bundles[name])
     seq = torch.tensor([prompts(1, seed=5, lo=80, hi=81)[0]])
     feats = target(seq, 0)[1][0]
     pos, gen = 40, torch.Generator().manual_seed(0)
@@ -150,12 +154,12 @@ def test_drafter_graphs_match_the_torch_drafter(pair, arch):
 
 # ------------------------------------------------------------- the whole loop
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_fp32_bundle_generates_the_torch_reference_tokens(pair, arch):
+@pytest.mark.parametrize("name", BUNDLES)
+def test_fp32_bundle_generates_the_torch_reference_tokens(pair, name):
     folder, drafters, bundles = pair
-    target, drafter = torch_pair(folder, drafters[arch])
+    target, drafter = torch_pair(folder, drafters[BUNDLES[name][0]])
     reference = SpeculativeEngine(TorchTarget(target), TorchDrafter(drafter))
-    ort_target, ort_drafter = onnx_pair(bundles[arch])
+    ort_target, ort_drafter = onnx_pair(bundles[name])
     exported = SpeculativeEngine(ort_target, ort_drafter)
     taus = []
     for prompt in prompts(4, seed=1):

@@ -49,7 +49,7 @@ def test_inspect_prints_a_bundle_and_still_describes_model_folders(exported, cap
     folder, _, out = exported
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
-    for needle in ("format 1", "int4", "fused features", "window [16, 32] float32",
+    for needle in ("format 1", "int4", "window cache kv", "window_k [1, 16, 32] float32",
                    "past_key_values.*.key[1, 2, 'past_sequence_length', 8]",
                    "drafter_step (drafter.onnx", "tokenizer.json", "B/token"):
         assert needle in text, needle

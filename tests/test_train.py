@@ -56,6 +56,21 @@ def test_a_few_steps_reduce_the_loss(distilled, tmp_path):
     assert report["val_loss"] < 0.9 * before
 
 
+def test_memory_scalars_train_faster_and_vectors_skip_weight_decay(distilled):
+    target, _ = distilled
+    d = small_drafter(target)
+    spec = loop.TrainSpec(lr=1e-3, weight_decay=0.1, memory_lr_scale=10.0)
+    groups = loop.param_groups(d, spec)
+    names = {id(p): n for n, p in d.named_parameters()}
+    by = {(g["lr_scale"], g["weight_decay"]): sorted(names[id(p)] for p in g["params"])
+          for g in groups}
+    trainable = sorted(n for n, p in d.named_parameters() if p.requires_grad)
+    assert sorted(sum(by.values(), [])) == trainable  # every parameter exactly once
+    assert by[(10.0, 0.0)] == ["layers.0.memory.decay_logit", "layers.0.memory.gate.bias"]
+    assert "layers.0.memory.gate.weight" in by[(1.0, 0.1)]
+    assert "fc_norm.weight" in by[(1.0, 0.0)] and "mask_embed" in by[(1.0, 0.0)]
+
+
 def test_interrupted_training_resumes_exactly(distilled, tmp_path, monkeypatch):
     target, data = distilled
     spec = loop.TrainSpec(steps=12, batch=2, anchors=4, checkpoint_every=4)

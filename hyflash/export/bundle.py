@@ -25,14 +25,16 @@ from hyflash.export.quantize import RECIPES, quantize, quiet_logger
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
                    "chat_template.jinja")
-WINDOW_HOLDS = "fused features"  # one projected feature per token; per-layer K/V per call
+WINDOW_HOLDS = {"kv": "per-layer keys and values (pre-rope) of the last W context features",
+                "features": "fused context features; each call derives per-layer K/V"}
 
 
 def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: str | Path,
                        quant: str = "fp32", max_seq_len: int | None = None,
-                       progress: bool = True) -> dict:
+                       progress: bool = True, window_cache: str = "kv") -> dict:
     """Export the target at target_path (a model folder, hub id or ``pocket``) and the
-    drafter trained for it into a bundle at out; return the manifest."""
+    drafter trained for it into a bundle at out; return the manifest. ``window_cache``
+    picks the drafter's window layout (see ``hyflash.models.drafter``)."""
     import torch
 
     from hyflash.models.drafter import load_drafter, resolve_drafter_folder
@@ -47,6 +49,9 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
     target = Target.from_pretrained(folder, dtype="float32", max_seq_len=max_seq_len,
                                     tap_layers=taps)
     drafter = load_drafter(drafter_dir, target).float()
+    if window_cache not in WINDOW_HOLDS:
+        raise HyflashError(f"unknown window cache {window_cache!r}: choose kv or features")
+    drafter.window_cache = window_cache
 
     def fill(tmp: Path) -> dict:
         import onnx
@@ -130,7 +135,8 @@ def build_manifest(target, drafter, target_folder: Path, drafter_dir: Path, tmp:
         "tap_layers": list(tc.tap_layers),
         "block_size": dc.block_size,
         "window": dc.window,
-        "window_holds": WINDOW_HOLDS,
+        "window_cache": drafter.window_cache,
+        "window_holds": WINDOW_HOLDS[drafter.window_cache],
         "max_context": tc.max_seq_len,
         "state": state,
         "state_bytes": sum(s["bytes"] for s in state),

@@ -26,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="max context of the exported target (default: the model's, capped "
                         "at 4096)")
+    p.add_argument("--window-cache", choices=("kv", "features"), default="kv",
+                   help="what the drafter's window state holds: kv = each layer's keys and "
+                        "values (faster: a draft projects only the new rows), features = the "
+                        "fused context features (1/(2 x layers) of the window bytes, every "
+                        "draft re-projects the whole window). Default kv")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -38,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from hyflash.export.manifest import describe, read_bundle
 
     export_onnx_bundle(args.target, args.drafter, args.out, args.quant, args.max_seq_len,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, window_cache=args.window_cache)
     print(describe(read_bundle(args.out)))
     return 0
 

@@ -17,8 +17,10 @@ Two execution forms of the same weights:
   sequence in one pass; window masks and memory read-outs for all anchors at once.
 - ``commit(state, features, n_valid)`` + ``draft(state, anchor)``: step, for inference.
   All state is fixed-shape tensors (``init_state``), so it can be explicit model I/O.
-  The window stores fused context features (one vector per token) and derives each
-  layer's keys/values per call: smaller on the phone than per-layer K/V.
+  The window holds either each layer's keys/values of the last W context features
+  (``window_cache = "kv"``, the default: a draft computes K/V for the new rows only) or
+  the fused features themselves (``"features"``: a quarter of the bytes for two layers,
+  but every draft recomputes the window's K/V). Same weights, same outputs.
 
 The drafter shares the target's token embedding and LM head and never trains them.
 Position p's anchor has context features 0..p-1 and predicts tokens p+1..p+B-1.
@@ -39,6 +41,7 @@ from hyflash.models.memory import MEMORY_KINDS, make_memory
 from hyflash.models.target import MLP, RMSNorm, Target, TargetConfig
 
 ARCHS = ("hyflash", "full")
+WINDOW_CACHES = ("kv", "features")
 FORMAT_VERSION = 1
 
 
@@ -110,6 +113,11 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return (x * ang.cos() + rot * ang.sin()).to(x.dtype)
 
 
+def state_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
+    """The floating dtype the step-form state is kept in."""
+    return next(v.dtype for k, v in state.items() if k != "count")
+
+
 @dataclass
 class ParallelMemory:
     """How every query of a training pass reads memory: ages of context keys per query
@@ -158,16 +166,21 @@ class DrafterLayer(nn.Module):
         n, s, _ = x.shape
         return x.view(n, s, self.cfg.num_heads, self.cfg.head_dim).transpose(1, 2)
 
+    def kv_rows(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-rope keys and values of context features [..., K, D] -> [..., K, D]."""
+        return self.k_proj(ctx), self.v_proj(ctx)
+
     def context_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-rope keys and values of context features [N, K, D] -> [N, H, K, hd]."""
-        return self.heads(self.k_proj(ctx)), self.heads(self.v_proj(ctx))
+        k, v = self.kv_rows(ctx)
+        return self.heads(k), self.heads(v)
 
-    def forward(self, h, h_pos, ctx, ctx_pos, mask, mem):
-        """h [N,Q,D] block states at h_pos [N,Q]; ctx [N,K,D] at ctx_pos [N,K];
-        mask [N,Q,K+Q]; mem: a ParallelMemory, a StateMemory, or None (memory off)."""
+    def forward(self, h, h_pos, kc, vc, ctx_pos, mask, mem):
+        """h [N,Q,D] block states at h_pos [N,Q]; kc/vc [N,H,K,hd] pre-rope context keys
+        and values at ctx_pos [N,K]; mask [N,Q,K+Q]; mem: a ParallelMemory, a StateMemory,
+        or None (memory off)."""
         x = self.input_layernorm(h)
         q = self.heads(self.q_proj(x))
-        kc, vc = self.context_kv(ctx)
         kb, vb = self.context_kv(x)
         theta = self.cfg.rope_theta
         k = torch.cat([rope(kc, ctx_pos, theta), rope(kb, h_pos, theta)], dim=2)
@@ -200,6 +213,7 @@ class Drafter(nn.Module):
         for p in (*embed_tokens.parameters(), *lm_head.parameters()):
             p.requires_grad_(False)
         self.memory_off = False  # ablation switch: zero the memory read-out at inference
+        self.window_cache = "kv"  # step-form window layout: per-layer "kv" or "features"
 
     @classmethod
     def for_target(cls, target: Target, arch: str = "hyflash", **kw) -> Drafter:
@@ -235,7 +249,7 @@ class Drafter(nn.Module):
         mask = torch.cat([ctx_ok, blk_ok], dim=-1)
         mem = None if self.memory_off else self.parallel_memory(anchors, p, j)
         for layer in self.layers:
-            h = layer(h, h_pos, ctx, ctx_pos, mask, mem)
+            h = layer(h, h_pos, *layer.context_kv(ctx), ctx_pos, mask, mem)
         h = h.view(n, a, bsz, -1)[:, :, 1:]
         return self.head(h)
 
@@ -258,43 +272,70 @@ class Drafter(nn.Module):
     # -------------------------------------------------------------------- step form
 
     def init_state(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        """Fixed-shape state: fused window features, count, and per-layer memory."""
+        """Fixed-shape state: the window (per-layer K/V or fused features, see
+        ``window_cache``), the committed count, and per-layer memory."""
         cfg = self.cfg
-        state = {
-            "window": torch.zeros(cfg.window, cfg.hidden_size, dtype=dtype),
-            "count": torch.zeros(1, dtype=torch.long),
-        }
+        if self.window_cache not in WINDOW_CACHES:
+            raise HyflashError(f"unknown window cache {self.window_cache!r}: choose kv or "
+                               "features")
+        w, d, n_layers = cfg.window, cfg.hidden_size, cfg.num_layers
+        if self.window_cache == "kv":
+            state = {"window_k": torch.zeros(n_layers, w, d, dtype=dtype),
+                     "window_v": torch.zeros(n_layers, w, d, dtype=dtype)}
+        else:
+            state = {"window": torch.zeros(w, d, dtype=dtype)}
+        state["count"] = torch.zeros(1, dtype=torch.long)
         mems = [layer.memory.empty_state(dtype) for layer in self.layers if layer.memory]
         if mems:
             state["memory_S"] = torch.stack([s for s, _ in mems])
             state["memory_z"] = torch.stack([z for _, z in mems])
         return state
 
+    def window_kv(self, state: dict[str, torch.Tensor], li: int, rows: slice | None = None):
+        """Layer li's pre-rope keys/values [R, D] of window rows (all by default)."""
+        rows = rows or slice(None)
+        if "window" in state:
+            return self.layers[li].kv_rows(state["window"][rows])
+        return state["window_k"][li][rows], state["window_v"][li][rows]
+
     def commit(self, state: dict[str, torch.Tensor], features: torch.Tensor,
                n_valid: torch.Tensor | int) -> dict[str, torch.Tensor]:
         """Absorb the first n_valid rows of features [N,F] (N <= window): they join the
         window; the rows that leave it enter the memory."""
         cfg = self.cfg
-        window, count = state["window"], state["count"]
+        count = state["count"]
         n = torch.as_tensor(n_valid, dtype=torch.long).reshape(1)
         rows = features.shape[0]
         if rows > cfg.window:
             raise HyflashError(f"commit of {rows} rows exceeds the window ({cfg.window}); "
                                "commit in chunks")
-        new = self.fc_norm(self.fc(features.to(self.fc.weight.dtype))).to(window.dtype)
-        buf = torch.cat([window, new], dim=0)
-        out = {"window": buf[torch.arange(cfg.window) + n], "count": count + n}
+        dtype = state_dtype(state)
+        new = self.fc_norm(self.fc(features.to(self.fc.weight.dtype))).to(dtype)
+        keep = torch.arange(cfg.window) + n  # rows of [window; new] that stay
+
+        out = {}
+        if "window" in state:
+            out["window"] = torch.cat([state["window"], new], dim=0)[keep]
+        else:
+            kv = [layer.kv_rows(new) for layer in self.layers]
+            out["window_k"] = torch.stack([torch.cat([state["window_k"][li], k.to(dtype)])[keep]
+                                           for li, (k, _) in enumerate(kv)])
+            out["window_v"] = torch.stack([torch.cat([state["window_v"][li], v.to(dtype)])[keep]
+                                           for li, (_, v) in enumerate(kv)])
+        out["count"] = count + n
         if "memory_S" in state:
             i = torch.arange(rows)
-            leaving = window[:rows][None]
-            valid = ((i < n) & (count - cfg.window + i >= 0)).to(window.dtype)
-            weight_exp = (n - 1 - i).to(window.dtype)
-            steps = n.to(window.dtype)
+            valid = ((i < n) & (count - cfg.window + i >= 0)).to(dtype)
+            weight_exp = (n - 1 - i).to(dtype)
+            steps = n.to(dtype)
             S_all, z_all = [], []
             for li, layer in enumerate(self.layers):
-                k, v = layer.context_kv(leaving)
+                k, v = self.window_kv(state, li, slice(0, rows))  # the rows that leave
+                heads = (rows, cfg.num_heads, cfg.head_dim)
                 S, z = layer.memory.absorb(state["memory_S"][li], state["memory_z"][li],
-                                           k[0], v[0], steps, weight_exp, valid)
+                                           k.view(heads).transpose(0, 1),
+                                           v.view(heads).transpose(0, 1),
+                                           steps, weight_exp, valid)
                 S_all.append(S)
                 z_all.append(z)
             out["memory_S"] = torch.stack(S_all)
@@ -305,19 +346,19 @@ class Drafter(nn.Module):
         """anchor token [1] at position count -> block logits [B-1, V]."""
         cfg, bsz = self.cfg, self.cfg.block_size
         count = state["count"]
-        h = self.block_input(anchor.reshape(1)).reshape(1, bsz, -1)
-        h = h.to(state["window"].dtype)
+        dtype = state_dtype(state)
+        h = self.block_input(anchor.reshape(1)).reshape(1, bsz, -1).to(dtype)
         h_pos = (count + torch.arange(bsz))[None]
         ctx_pos = (count - cfg.window + torch.arange(cfg.window))[None]
         ctx_ok = (ctx_pos >= 0)[:, None, :].expand(1, bsz, cfg.window)
         mask = torch.cat([ctx_ok, torch.ones(1, bsz, bsz, dtype=torch.bool)], dim=-1)
-        ctx = state["window"][None]
         for li, layer in enumerate(self.layers):
             mem = None
             if "memory_S" in state and not self.memory_off:
                 mem = StateMemory(state["memory_S"][li], state["memory_z"][li],
                                   count - cfg.window - 1 >= 0)
-            h = layer(h, h_pos, ctx, ctx_pos, mask, mem)
+            k, v = self.window_kv(state, li)
+            h = layer(h, h_pos, layer.heads(k[None]), layer.heads(v[None]), ctx_pos, mask, mem)
         return self.head(h[0, 1:])
 
     def state_bytes(self, dtype_bytes: int = 4) -> int:

@@ -30,6 +30,7 @@ class TrainSpec:
     lr: float = 1e-3
     warmup: int = 50
     weight_decay: float = 0.01
+    memory_lr_scale: float = 10.0  # the memory's decays and gates: few scalars, slow to move
     gamma: float = 4.0
     checkpoint_every: int = 100
     val_fraction: float = 0.05
@@ -105,14 +106,31 @@ def evaluate(drafter: Drafter, data: DistillSet, ids: list[int], spec: TrainSpec
             "val_expected_tau": float(1 + torch.cumprod(acc, 0).sum())}
 
 
+def param_groups(drafter: Drafter, spec: TrainSpec) -> list[dict]:
+    """Matrices get weight decay; vectors (norms, the mask embedding) do not; the memory's
+    decay logits and gate biases (a few scalars per layer that set how far back it
+    remembers) train at memory_lr_scale x the learning rate, no decay."""
+    groups = {"matrix": [], "vector": [], "memory": []}
+    for name, p in drafter.named_parameters():
+        if not p.requires_grad:
+            continue
+        if ".memory." in name and name.endswith(("decay_logit", "gate.bias")):
+            groups["memory"].append(p)
+        else:
+            groups["matrix" if p.ndim >= 2 else "vector"].append(p)
+    scale = {"matrix": (1.0, spec.weight_decay), "vector": (1.0, 0.0),
+             "memory": (spec.memory_lr_scale, 0.0)}
+    return [{"params": ps, "lr_scale": scale[k][0], "weight_decay": scale[k][1]}
+            for k, ps in groups.items() if ps]
+
+
 def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
           progress: bool = True) -> dict:
     from tqdm import tqdm
 
     bsz = drafter.cfg.block_size
     params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay,
-                            betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(param_groups(drafter, spec), lr=spec.lr, betas=(0.9, 0.95))
     train_ids, val_ids = split(len(data), spec)
     w = position_weights(bsz, spec.gamma)
     work.mkdir(parents=True, exist_ok=True)
@@ -132,7 +150,7 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         ids = rng.choice(train_ids, size=spec.batch, replace=len(train_ids) < spec.batch)
         tokens, feats, anchors, labels = make_batch(data, ids.tolist(), spec.anchors, bsz, rng)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, spec)
+            g["lr"] = lr_at(step, spec) * g["lr_scale"]
         loss, acc = block_loss(drafter(tokens, feats, anchors), labels, w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
