@@ -225,3 +225,23 @@ def test_onnx_target_refuses_gaps_and_overflow(pair):
         ort_target.forward(torch.tensor([6]), 5)
     with pytest.raises(Exception, match="do not fit the target's context"):
         ort_target.forward(torch.zeros(CONTEXT, dtype=torch.long), 3)
+
+
+def test_onnx_runtime_fuses_every_rms_norm(pair, tmp_path):
+    """Each RMSNorm reaches ONNX Runtime as one fused node, not six small ones: at this
+    model size per-node overhead is most of a call (benchmarks/onnx_profile.py)."""
+    import onnxruntime as ort
+
+    folder, _, bundles = pair
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    m = read_bundle(bundles["hyflash"]).manifest
+    expected = {"target": 2 * layers + 1,  # two per layer + the final norm
+                "drafter_step": 2 * 1 + 2}  # two per layer + fc_norm + the final norm
+    for role, n in expected.items():
+        opts = ort.SessionOptions()
+        opts.optimized_model_filepath = str(tmp_path / f"{role}.onnx")
+        ort.InferenceSession(str(bundles["hyflash"] / m["models"][role]["file"]), opts,
+                             providers=["CPUExecutionProvider"])
+        ops = [node.op_type for node in onnx.load(opts.optimized_model_filepath).graph.node]
+        assert ops.count("SimplifiedLayerNormalization") == n, role
+        assert "Reciprocal" not in ops

@@ -38,7 +38,7 @@ from torch import nn
 
 from hyflash.errors import HyflashError
 from hyflash.models.memory import MEMORY_KINDS, make_memory
-from hyflash.models.target import MLP, RMSNorm, Target, TargetConfig
+from hyflash.models.target import MLP, RMSNorm, Target, TargetConfig, apply_rope
 
 ARCHS = ("hyflash", "full")
 WINDOW_CACHES = ("kv", "features")
@@ -102,15 +102,13 @@ class DrafterConfig:
                    tap_layers=t.tap_layers, arch=arch, **kw)
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half rope computed from positions (any integer, no table): x [N,H,S,D], pos [N,S]."""
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+def rope_at(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [N,1,S,D] for integer positions pos [N,S] (any position, no table); computed
+    once per pass and shared by every layer's queries and keys."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     ang = pos.to(torch.float32)[..., None] * inv
-    ang = torch.cat([ang, ang], -1)[:, None]  # [N, 1, S, D]
-    half = d // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x * ang.cos() + rot * ang.sin()).to(x.dtype)
+    ang = torch.cat([ang, ang], -1)[:, None]
+    return ang.cos(), ang.sin()
 
 
 def state_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
@@ -175,22 +173,21 @@ class DrafterLayer(nn.Module):
         k, v = self.kv_rows(ctx)
         return self.heads(k), self.heads(v)
 
-    def forward(self, h, h_pos, kc, vc, ctx_pos, mask, mem):
-        """h [N,Q,D] block states at h_pos [N,Q]; kc/vc [N,H,K,hd] pre-rope context keys
-        and values at ctx_pos [N,K]; mask [N,Q,K+Q]; mem: a ParallelMemory, a StateMemory,
-        or None (memory off)."""
+    def forward(self, h, h_rope, kc, vc, ctx_rope, mask, mem):
+        """h [N,Q,D] block states; kc/vc [N,H,K,hd] pre-rope context keys and values;
+        h_rope / ctx_rope: ``rope_at`` of the block's and the context's positions;
+        mask [N,Q,K+Q]; mem: a ParallelMemory, a StateMemory, or None (memory off)."""
         x = self.input_layernorm(h)
         q = self.heads(self.q_proj(x))
         kb, vb = self.context_kv(x)
-        theta = self.cfg.rope_theta
-        k = torch.cat([rope(kc, ctx_pos, theta), rope(kb, h_pos, theta)], dim=2)
+        k = torch.cat([apply_rope(kc, *ctx_rope), apply_rope(kb, *h_rope)], dim=2)
         v = torch.cat([vc, vb], dim=2)
         memory = self.memory if mem is not None else None
         if memory is not None and memory.slots:  # prefix slots join the softmax
             ks, vs, slot_mask = mem.slots(memory, kc, vc, mask.shape[1])
             k, v = torch.cat([k, ks], dim=2), torch.cat([v, vs], dim=2)
             mask = torch.cat([mask, slot_mask], dim=-1)
-        o = F.scaled_dot_product_attention(rope(q, h_pos, theta), k, v, attn_mask=mask[:, None])
+        o = F.scaled_dot_product_attention(apply_rope(q, *h_rope), k, v, attn_mask=mask[:, None])
         if memory is not None and not memory.slots:  # gated read-out beside attention
             o = memory.mix(x, o, mem.read(memory, q, kc, vc))
         n, _, s, _ = o.shape
@@ -248,10 +245,14 @@ class Drafter(nn.Module):
         blk_ok = (aid[:, None] == aid[None, :]).expand(n, -1, -1)
         mask = torch.cat([ctx_ok, blk_ok], dim=-1)
         mem = None if self.memory_off else self.parallel_memory(anchors, p, j)
+        h_rope, ctx_rope = self.rope_at(h_pos), self.rope_at(ctx_pos)
         for layer in self.layers:
-            h = layer(h, h_pos, *layer.context_kv(ctx), ctx_pos, mask, mem)
+            h = layer(h, h_rope, *layer.context_kv(ctx), ctx_rope, mask, mem)
         h = h.view(n, a, bsz, -1)[:, :, 1:]
         return self.head(h)
+
+    def rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_at(pos, self.cfg.head_dim, self.cfg.rope_theta)
 
     def parallel_memory(self, anchors: torch.Tensor, p: torch.Tensor,
                         j: torch.Tensor) -> ParallelMemory | None:
@@ -352,13 +353,15 @@ class Drafter(nn.Module):
         ctx_pos = (count - cfg.window + torch.arange(cfg.window))[None]
         ctx_ok = (ctx_pos >= 0)[:, None, :].expand(1, bsz, cfg.window)
         mask = torch.cat([ctx_ok, torch.ones(1, bsz, bsz, dtype=torch.bool)], dim=-1)
+        h_rope, ctx_rope = self.rope_at(h_pos), self.rope_at(ctx_pos)
         for li, layer in enumerate(self.layers):
             mem = None
             if "memory_S" in state and not self.memory_off:
                 mem = StateMemory(state["memory_S"][li], state["memory_z"][li],
                                   count - cfg.window - 1 >= 0)
             k, v = self.window_kv(state, li)
-            h = layer(h, h_pos, layer.heads(k[None]), layer.heads(v[None]), ctx_pos, mask, mem)
+            h = layer(h, h_rope, layer.heads(k[None]), layer.heads(v[None]), ctx_rope, mask,
+                      mem)
         return self.head(h[0, 1:])
 
     def state_bytes(self, dtype_bytes: int = 4) -> int:

@@ -1,0 +1,230 @@
+"""Where an ONNX bundle's time goes: per-call cost of the target (decode T=1, verify T=B)
+and the drafter step, split into kernel time and what is left (ONNX Runtime's per-node
+dispatch and host copies), plus the op types that cost most.
+
+    python benchmarks/onnx_profile.py --bundle benchmarks/results/onnx-pocket/bundles/fp32 \
+        --out benchmarks/results/onnx-profile [--scaled] [--threads 1]
+
+``--scaled`` also exports a randomly initialised target of phone-LLM shape (hidden 1024,
+12 layers: 0.15 B parameters, 0.6 GB fp32, far beyond this CPU's 32 MiB L3) with a HyFlash
+drafter sized for it, and measures the same calls. Its weights are random, so it has no
+tau of its own; the report projects its speedup from the measured call costs and the tau
+measured on the pocket pair (``--tau``), and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hyflash.export.bundle import export_onnx_bundle
+from hyflash.runtime.onnx_backend import load_onnx_pair
+
+SCALED = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+              num_attention_heads=16, num_key_value_heads=8)
+
+
+def wall_ms(fn, repeats: int) -> float:
+    """Median wall time of fn() in ms over repeats calls, after two warm-up calls."""
+    fn()
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def advance(target, tokens: torch.Tensor) -> None:
+    """One target call at the end of its cache."""
+    target.forward(tokens, target.length)
+
+
+def call_costs(bundle: Path, contexts: list[int], threads: int, repeats: int) -> list[dict]:
+    """Wall ms per call starting at each context length, through the backends the
+    simulation uses (IO binding, state I/O): plain decode (T=1 calls back to back), and
+    speculative rounds (a drafter call, then a verify of T=B), interleaved as in the loop,
+    so each graph finds the caches the other one left. Every draft counts as accepted:
+    the context advances and no call copies the cache."""
+    b, target, drafter = load_onnx_pair(bundle, threads)
+    bsz = b.drafter_config.block_size
+    rng = np.random.default_rng(0)
+    rows = []
+    for ctx in contexts:
+        prompt = torch.from_numpy(rng.integers(1, target.vocab_size, ctx))
+        target.reset()
+        _, feats = target.forward(prompt, 0)
+        decode_ms = wall_ms(partial(advance, target, prompt[:1]), repeats)
+        target.rollback(ctx)
+        drafter.reset()
+        drafter.commit(feats)
+        drafter.draft(int(prompt[-1]), ctx)  # absorbs the prompt (commit-only calls)
+        times = {"drafter": [], "verify": []}
+        for _ in range(repeats + 2):
+            t0 = time.perf_counter()
+            drafter.commit(feats[:bsz])  # the rows the last verify accepted
+            drafter.draft(1, target.length + bsz)
+            t1 = time.perf_counter()
+            target.forward(prompt[:bsz], target.length)
+            t2 = time.perf_counter()
+            times["drafter"].append(t1 - t0)
+            times["verify"].append(t2 - t1)
+        rows.append({"context": ctx, "decode_ms": decode_ms,
+                     **{f"{k}_ms": 1000 * statistics.median(v[2:]) for k, v in times.items()}})
+    return rows
+
+
+def kernel_profile(path: Path, feeds: dict, threads: int, runs: int) -> dict:
+    """ONNX Runtime's own profiler: kernel time per op type, per call, and node counts."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.enable_profiling = True
+        opts.profile_file_prefix = f"{tmp}/p"
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        for _ in range(runs):
+            sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    by_op, by_node = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by_op[e["args"]["op_name"]] += e["dur"]
+            by_node[e["name"]] += e["dur"]
+    total = sum(by_op.values())
+    tiny = [d for d in by_node.values() if d / runs < 5]
+    return {"nodes": len(by_node), "kernel_ms": total / runs / 1000,
+            "tiny_nodes": len(tiny), "tiny_nodes_ms": sum(tiny) / runs / 1000,
+            "top_ops": [(op, round(d / runs / 1000, 3)) for op, d in by_op.most_common(6)]}
+
+
+def graph_feeds(bundle: Path, ctx: int) -> dict[str, dict]:
+    """Inputs for profiling each graph on its own: target at T=1 and T=B, drafter step."""
+    b, target, drafter = load_onnx_pair(bundle, verify_hashes=False)
+    kv = b.manifest["kv_cache"]
+    bsz = b.drafter_config.block_size
+
+    def target_feeds(t: int) -> dict:
+        past = np.zeros((1, kv["kv_heads"], ctx, kv["head_dim"]), np.float32)
+        f = {"input_ids": np.ones((1, t), np.int64),
+             "attention_mask": np.ones((1, ctx + t), np.int64),
+             "position_ids": np.arange(ctx, ctx + t, dtype=np.int64)[None]}
+        f.update({n: past for n in target.past_names})
+        return f
+
+    step = {"anchor": np.array([1], np.int64), "n_valid": np.array([bsz], np.int64),
+            "features": np.zeros((drafter.step_rows, drafter.feature_size), np.float32),
+            **drafter.state}
+    step["state.count"] = np.array([ctx], np.int64)
+    return {"target T=1": ("target", target_feeds(1)), f"target T={bsz}": ("target",
+                                                                          target_feeds(bsz)),
+            "drafter step": ("drafter_step", step)}
+
+
+def profile_bundle(bundle: Path, contexts: list[int], threads: int, repeats: int) -> dict:
+    from hyflash.export.manifest import read_bundle
+
+    m = read_bundle(bundle, verify_hashes=False).manifest
+    kernels = {}
+    for label, (role, feeds) in graph_feeds(bundle, contexts[0]).items():
+        kernels[label] = kernel_profile(bundle / m["models"][role]["file"], feeds, threads,
+                                        repeats)
+    return {"bundle": str(bundle), "calls": call_costs(bundle, contexts, threads, repeats),
+            "kernels": kernels, "block_size": m["block_size"]}
+
+
+def scaled_bundle(root: Path) -> Path:
+    """A random phone-shaped target (pocket tokenizer and vocab) plus a HyFlash drafter."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hyflash.models import pocket
+    from hyflash.models.drafter import Drafter
+    from hyflash.models.target import Target
+
+    out = root / "bundle"
+    if (out / "manifest.json").exists():
+        return out
+    folder = root / "target"
+    src = json.loads((pocket.path() / "config.json").read_text())
+    cfg = LlamaConfig(vocab_size=src["vocab_size"], max_position_embeddings=2048,
+                      tie_word_embeddings=True, bos_token_id=src.get("bos_token_id"),
+                      eos_token_id=src.get("eos_token_id"), **SCALED)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (pocket.path() / name).exists():
+            shutil.copyfile(pocket.path() / name, folder / name)
+    target = Target.from_pretrained(folder, dtype="float32")
+    Drafter.for_target(target, "hyflash").save(root / "drafter")
+    export_onnx_bundle(folder, root / "drafter", out, "fp32")
+    return out
+
+
+def projected_speedup(call: dict, tau: float) -> float:
+    """tau tokens per round of (one drafter call + one verify) vs one token per decode."""
+    return tau * call["decode_ms"] / (call["verify_ms"] + call["drafter_ms"])
+
+
+def markdown(results: dict, tau: float) -> str:
+    out = []
+    for name, r in results.items():
+        b = r["block_size"]
+        out += [f"## {name}: `{r['bundle']}`", "",
+                f"| context | ms decode (T=1) | ms verify (T={b}) | ms drafter call | "
+                f"verify / decode | drafter / verify | speedup at tau {tau:.2f} |",
+                "|---|---|---|---|---|---|---|"]
+        for c in r["calls"]:
+            out.append(f"| {c['context']} | {c['decode_ms']:.2f} | {c['verify_ms']:.2f} | "
+                       f"{c['drafter_ms']:.2f} | {c['verify_ms'] / c['decode_ms']:.2f} | "
+                       f"{c['drafter_ms'] / c['verify_ms']:.2f} | "
+                       f"{projected_speedup(c, tau):.2f}x |")
+        out += ["", "| graph (ORT profiler) | nodes | kernel ms | nodes < 5 us (their ms) | "
+                "top op types (ms) |", "|---|---|---|---|---|"]
+        for label, k in r["kernels"].items():
+            top = ", ".join(f"{op} {ms:.2f}" for op, ms in k["top_ops"])
+            out.append(f"| {label} | {k['nodes']} | {k['kernel_ms']:.2f} | {k['tiny_nodes']} "
+                       f"({k['tiny_nodes_ms']:.2f}) | {top} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bundle", type=Path, required=True, help="an fp32 ONNX bundle")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--scaled", action="store_true",
+                   help="also profile a random phone-shaped target (exported once to --out)")
+    p.add_argument("--contexts", default="64,1024")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--tau", type=float, default=2.0,
+                   help="tau to project speedups with (measure it with hyflash simulate)")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    results = {"pocket": profile_bundle(args.bundle, contexts, args.threads, args.repeats)}
+    if args.scaled:
+        bundle = scaled_bundle(args.out / "scaled")
+        results["scaled"] = profile_bundle(bundle, contexts, args.threads,
+                                           max(5, args.repeats // 4))
+    (args.out / "profile.json").write_text(json.dumps({"tau": args.tau, **results}, indent=1))
+    md = markdown(results, args.tau)
+    (args.out / "profile.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
