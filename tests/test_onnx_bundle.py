@@ -185,6 +185,12 @@ def test_quantized_bundles_stay_lossless(pair, quant):
     assert ("MatMulNBits" if quant == "int4" else "MatMulInteger") in ops
     size = bundle.manifest["files"]["model.onnx"]["bytes"]
     assert size < 0.75 * fp32.manifest["files"]["model.onnx"]["bytes"]
+    for model in bundle.manifest["models"].values():  # every weight matrix, in every graph
+        graph = onnx.load(str(bundle.folder / model["file"])).graph
+        weights = {i.name for i in graph.initializer}
+        float_weights = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm")
+                         and n.input[1] in weights]
+        assert not float_weights, (model["file"], float_weights)
 
     ort_target, ort_drafter = onnx_pair(bundles[quant])
     plain, spec = SpeculativeEngine(ort_target), SpeculativeEngine(ort_target, ort_drafter)

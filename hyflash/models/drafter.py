@@ -296,7 +296,8 @@ class Drafter(nn.Module):
         """Layer li's pre-rope keys/values [R, D] of window rows (all by default)."""
         rows = rows or slice(None)
         if "window" in state:
-            return self.layers[li].kv_rows(state["window"][rows])
+            k, v = self.layers[li].kv_rows(state["window"][rows][None])
+            return k[0], v[0]
         return state["window_k"][li][rows], state["window_v"][li][rows]
 
     def commit(self, state: dict[str, torch.Tensor], features: torch.Tensor,
@@ -311,14 +312,16 @@ class Drafter(nn.Module):
             raise HyflashError(f"commit of {rows} rows exceeds the window ({cfg.window}); "
                                "commit in chunks")
         dtype = state_dtype(state)
-        new = self.fc_norm(self.fc(features.to(self.fc.weight.dtype))).to(dtype)
+        # projections see 3-D inputs throughout the step form: they export as MatMul,
+        # the op ONNX Runtime's int4/int8 quantizers rewrite (a 2-D Linear becomes Gemm)
+        new = self.fc_norm(self.fc(features[None].to(self.fc.weight.dtype)))[0].to(dtype)
         keep = torch.arange(cfg.window) + n  # rows of [window; new] that stay
 
         out = {}
         if "window" in state:
             out["window"] = torch.cat([state["window"], new], dim=0)[keep]
         else:
-            kv = [layer.kv_rows(new) for layer in self.layers]
+            kv = [(k[0], v[0]) for k, v in (layer.kv_rows(new[None]) for layer in self.layers)]
             out["window_k"] = torch.stack([torch.cat([state["window_k"][li], k.to(dtype)])[keep]
                                            for li, (k, _) in enumerate(kv)])
             out["window_v"] = torch.stack([torch.cat([state["window_v"][li], v.to(dtype)])[keep]
@@ -362,7 +365,7 @@ class Drafter(nn.Module):
             k, v = self.window_kv(state, li)
             h = layer(h, h_rope, layer.heads(k[None]), layer.heads(v[None]), ctx_rope, mask,
                       mem)
-        return self.head(h[0, 1:])
+        return self.head(h[:, 1:])[0]  # 3-D: exports as MatMul, which int4/int8 quantize
 
     def state_bytes(self, dtype_bytes: int = 4) -> int:
         """Draft-side memory: every state tensor, whatever the context length."""
