@@ -63,19 +63,24 @@ def run(engine: SpeculativeEngine, prompts, new_tokens: int) -> dict:
             "rounds": int(rounds), "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def memory_table(drafters: dict, hidden: int, contexts) -> dict:
-    """Bytes of draft-side context memory (fp32) when the context holds n tokens:
-    HyFlash holds window + state whatever n; full-context holds one vector per token
-    (its fixed-shape export allocates the maximum)."""
+def memory_table(drafters: dict, contexts) -> dict:
+    """Bytes of draft-side context memory (fp32) when the context holds n tokens, for both
+    window layouts (per-layer K/V, fused features): HyFlash holds window + state whatever
+    n; full-context holds one window row per token (its fixed-shape export allocates the
+    maximum, ``allocated``)."""
     out = {}
     for name, d in drafters.items():
-        fixed = d.state_bytes()
-        if d.cfg.arch == "full":
-            per_token = hidden * 4
-            out[name] = {n: min(n, d.cfg.max_seq_len) * per_token + 8 for n in contexts}
-            out[name + " (allocated)"] = {n: fixed for n in contexts}
-        else:
-            out[name] = {n: fixed for n in contexts}
+        for cache in ("kv", "features"):
+            d.window_cache = cache
+            fixed = d.state_bytes()
+            label = f"{name} ({cache})"
+            if d.cfg.arch == "full":
+                per_token = (fixed - 8) // d.cfg.max_seq_len  # the window is all there is
+                out[label] = {n: min(n, d.cfg.max_seq_len) * per_token + 8 for n in contexts}
+                out[label + " allocated"] = {n: fixed for n in contexts}
+            else:
+                out[label] = {n: fixed for n in contexts}
+        d.window_cache = "kv"
     return out
 
 
@@ -117,8 +122,7 @@ def main() -> None:
             results["runs"][f"{name} @ {ctx}"] = r
             print(f"{name:22s} ctx {ctx:5d}: tau {r['tau']:.3f}  acc {r['acceptance']}",
                   flush=True)
-    results["memory_bytes"] = memory_table(drafters, target.cfg.hidden_size,
-                                           [64, 256, 512, 1024, 2048])
+    results["memory_bytes"] = memory_table(drafters, [64, 256, 512, 1024, 2048])
     OUT.mkdir(exist_ok=True)
     (OUT / f"{args.name}.json").write_text(json.dumps(results, indent=1))
     names = [name for name, _, _ in variants]
