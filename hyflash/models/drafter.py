@@ -321,11 +321,12 @@ class Drafter(nn.Module):
         if "window" in state:
             out["window"] = torch.cat([state["window"], new], dim=0)[keep]
         else:
-            kv = [(k[0], v[0]) for k, v in (layer.kv_rows(new[None]) for layer in self.layers)]
-            out["window_k"] = torch.stack([torch.cat([state["window_k"][li], k.to(dtype)])[keep]
-                                           for li, (k, _) in enumerate(kv)])
-            out["window_v"] = torch.stack([torch.cat([state["window_v"][li], v.to(dtype)])[keep]
-                                           for li, (_, v) in enumerate(kv)])
+            ks, vs = [], []
+            for li, layer in enumerate(self.layers):  # new rows' K/V join each layer's window
+                k, v = layer.kv_rows(new[None])
+                ks.append(torch.cat([state["window_k"][li], k[0].to(dtype)])[keep])
+                vs.append(torch.cat([state["window_v"][li], v[0].to(dtype)])[keep])
+            out["window_k"], out["window_v"] = torch.stack(ks), torch.stack(vs)
         out["count"] = count + n
         if "memory_S" in state:
             i = torch.arange(rows)
