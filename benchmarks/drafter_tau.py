@@ -10,7 +10,9 @@ from the pocket model's held-out stdlib files at short and long contexts, plus:
         [--drafter slots=DIR] [--prompts 12]
 
 Every drafter with a memory is also run with its memory read-out zeroed ("NAME, memory
-off").
+off"), and every full-context drafter also with its attention cut to the last W context
+features, W the HyFlash window ("NAME, last W only"): if that costs it nothing, the
+drafters find no use for context older than W, and no memory can add tau.
 
 Writes benchmarks/results/NAME.{json,md,png} (NAME: --name, default drafter_tau).
 """
@@ -18,6 +20,7 @@ Writes benchmarks/results/NAME.{json,md,png} (NAME: --name, default drafter_tau)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -25,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hyflash.models.drafter import load_drafter
+from hyflash.models.drafter import Drafter, load_drafter
 from hyflash.models.pocket.build import read_text, split_files
 from hyflash.models.target import Target, resolve_model_folder
 from hyflash.models.tokenizer import load_tokenizer
@@ -61,6 +64,13 @@ def run(engine: SpeculativeEngine, prompts, new_tokens: int) -> dict:
     return {"tau": (accepted + rounds) / rounds,
             "acceptance": (accepted_pos / np.maximum(proposed_pos, 1)).round(4).tolist(),
             "rounds": int(rounds), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def windowed(d: Drafter, window: int) -> Drafter:
+    """The same weights attending only to the last `window` context features."""
+    cut = Drafter(dataclasses.replace(d.cfg, window=window), d.embed_tokens, d.lm_head)
+    cut.load_state_dict(d.state_dict())
+    return cut.eval()
 
 
 def memory_table(drafters: dict, contexts) -> dict:
@@ -109,6 +119,9 @@ def main() -> None:
     variants = [(name, d, False) for name, d in drafters.items()]
     variants += [(f"{name}, memory off", d, True) for name, d in drafters.items()
                  if d.cfg.memory != "none"]
+    window = min(d.cfg.window for d in drafters.values())
+    variants += [(f"{name}, last {window} only", windowed(d, window), False)
+                 for name, d in drafters.items() if d.cfg.arch == "full"]
     contexts = [int(c) for c in args.contexts.split(",")]
     results: dict = {"target": str(folder), "new_tokens": args.new_tokens,
                      "prompts_per_context": args.prompts, "runs": {}}

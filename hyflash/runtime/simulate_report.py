@@ -25,7 +25,8 @@ class Report:
         self.meta = {
             "bundle": str(bundle.folder), "quantization": m["quantization"]["recipe"],
             "drafter": m["drafter"]["config"]["arch"], "block_size": m["block_size"],
-            "window": m["window"], "max_new_tokens": args.max_new_tokens,
+            "window": m["window"], "window_cache": m.get("window_cache", "features"),
+            "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature, "seed": args.seed, "threads": args.threads,
             "prompts": n_prompts,
         }
@@ -113,7 +114,7 @@ class Report:
         rows = [
             ("bundle", f"{self.meta['bundle']} ({self.meta['quantization']}, "
                        f"{self.meta['drafter']} drafter, B={self.meta['block_size']}, "
-                       f"W={self.meta['window']})"),
+                       f"W={self.meta['window']}, window cache {self.meta['window_cache']})"),
             ("prompts / new tokens", f"{len(self.rows)} / "
                                      f"{sum(r['new_tokens'] for r in self.rows)}"),
             ("lossless", s["lossless"]),
