@@ -181,8 +181,9 @@ def test_quantized_bundles_stay_lossless(pair, quant):
     bundle = read_bundle(bundles[quant])
     fp32 = read_bundle(bundles["hyflash"])
     assert bundle.manifest["quantization"]["recipe"] == quant
-    ops = {n.op_type for n in onnx.load(str(bundle.path("target"))).graph.node}
-    assert ("MatMulNBits" if quant == "int4" else "MatMulInteger") in ops
+    bits = {a.i for n in onnx.load(str(bundle.path("target"))).graph.node
+            if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
+    assert bits == {int(quant[3:])}
     size = bundle.manifest["files"]["model.onnx"]["bytes"]
     assert size < 0.75 * fp32.manifest["files"]["model.onnx"]["bytes"]
     for model in bundle.manifest["models"].values():  # every weight matrix, in every graph
@@ -194,11 +195,19 @@ def test_quantized_bundles_stay_lossless(pair, quant):
 
     ort_target, ort_drafter = onnx_pair(bundles[quant])
     plain, spec = SpeculativeEngine(ort_target), SpeculativeEngine(ort_target, ort_drafter)
-    for prompt in prompts(3, seed=2):
+    reference = SpeculativeEngine(*onnx_pair(bundles["hyflash"]))  # the fp32 bundle
+    tokens = {"quant": 0, "fp32": 0}
+    rounds = {"quant": 0, "fp32": 0}
+    for prompt in prompts(6, seed=2):
         want = plain.generate(prompt, max_new_tokens=40)
         got = spec.generate(prompt, max_new_tokens=40)
         assert got.tokens == want.tokens
         assert got.stats.target_calls < want.stats.target_calls
+        for key, run in (("quant", got), ("fp32", reference.generate(prompt, max_new_tokens=40))):
+            tokens[key] += run.stats.rounds + run.stats.accepted_drafts
+            rounds[key] += run.stats.rounds
+    tau = {k: tokens[k] / rounds[k] for k in tokens}
+    assert abs(tau["quant"] - tau["fp32"]) <= 0.1 * tau["fp32"], tau
 
 
 def test_optimum_ort_model_runs_the_target_graph(pair):

@@ -5,11 +5,16 @@ quantization tools (no hand-written graph surgery) and returns the description t
 goes into the manifest, so a reader knows exactly which tool and settings made it.
 
 - ``fp32``: the exporter's graph as is.
-- ``int8``: ``quantize_dynamic``: MatMul weights int8 per output channel, activations
-  quantized on the fly (DynamicQuantizeLinear + MatMulInteger). MatMul weights shrink ~4x.
-- ``int4``: ``MatMulNBitsQuantizer``: MatMul weights int4 in blocks of 32 along the
-  input dimension, one fp32 scale per block (symmetric), run by the MatMulNBits
-  contrib op. MatMul weights shrink ~6x.
+- ``int8``, ``int4``: ``MatMulNBitsQuantizer``: MatMul weights int8 / int4 in blocks of
+  32 along the input dimension, one fp32 scale per block (symmetric), run by the
+  MatMulNBits contrib op; activations stay fp32. MatMul weights shrink ~3.6x / ~6x.
+
+Both recipes are weight-only on purpose. Dynamic activation quantization
+(``quantize_dynamic``: DynamicQuantizeLinear + MatMulInteger) takes one activation scale
+per call over all T rows, so a verify of B tokens computes each row slightly differently
+from a decode of that row alone, and a near-tie can then make speculative output differ
+from the quantized target's own greedy decode. Weight-only recipes compute every row the
+same way whatever else is in the call: verification stays exactly lossless.
 
 Only MatMul weights whose weight is a constant are quantized (a MatMul of two
 activations, like the drafter's memory read-out, stays fp32); the token embedding
@@ -33,7 +38,7 @@ from pathlib import Path
 
 from hyflash.errors import HyflashError
 
-INT4_BLOCK = 32
+BLOCK = 32  # weights per quantization block (and per fp32 scale)
 
 
 def fp32(src: Path, dst: Path) -> dict:
@@ -53,38 +58,25 @@ def fold_weight_transposes(src: Path):
     return ir.to_proto(model)
 
 
-def weight_matmuls(model) -> list[str]:
-    """Names of MatMul nodes whose second input is an initializer (a weight)."""
-    inits = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+def weight_only(bits: int) -> Callable[[Path, Path], dict]:
+    """The int{bits} recipe: MatMulNBits, symmetric blocks of BLOCK, fp32 activations."""
 
+    def recipe(src: Path, dst: Path) -> dict:
+        with quiet_logger():  # importing the quantizer calls logging.basicConfig(INFO)
+            from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        with quiet_logger():
+            # MatMuls of two activations are left alone by the quantizer (no constant weight)
+            q = MatMulNBitsQuantizer(fold_weight_transposes(src), bits=bits, block_size=BLOCK,
+                                     is_symmetric=True, op_types_to_quantize=("MatMul",))
+            q.process()
+        q.model.save_model_to_file(str(dst), use_external_data_format=False)
+        nodes = q.model.model.graph.node
+        return {"recipe": f"int{bits}", "tool": "onnxruntime.quantization.MatMulNBitsQuantizer",
+                "weights": f"int{bits} symmetric, blocks of {BLOCK} (MatMulNBits)",
+                "block_size": BLOCK, "activations": "float32", "op_types": ["MatMul"],
+                "quantized_nodes": sum(n.op_type == "MatMulNBits" for n in nodes)}
 
-def int8(src: Path, dst: Path) -> dict:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    with quiet_logger():
-        model = fold_weight_transposes(src)
-        nodes = weight_matmuls(model)
-        quantize_dynamic(model, dst, op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes,
-                         per_channel=True, weight_type=QuantType.QInt8)
-    return {"recipe": "int8", "tool": "onnxruntime.quantization.quantize_dynamic",
-            "weights": "int8 per output channel (MatMul)", "activations": "dynamic uint8",
-            "op_types": ["MatMul"], "quantized_nodes": len(nodes)}
-
-
-def int4(src: Path, dst: Path) -> dict:
-    with quiet_logger():  # importing the quantizer calls logging.basicConfig(INFO)
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    with quiet_logger():
-        # MatMuls of two activations are left alone by the quantizer (no constant weight)
-        q = MatMulNBitsQuantizer(fold_weight_transposes(src), bits=4, block_size=INT4_BLOCK,
-                                 is_symmetric=True, op_types_to_quantize=("MatMul",))
-        q.process()
-    q.model.save_model_to_file(str(dst), use_external_data_format=False)
-    return {"recipe": "int4", "tool": "onnxruntime.quantization.MatMulNBitsQuantizer",
-            "weights": f"int4 symmetric, blocks of {INT4_BLOCK} (MatMulNBits)",
-            "block_size": INT4_BLOCK, "activations": "float32", "op_types": ["MatMul"],
-            "quantized_nodes": sum(n.op_type == "MatMulNBits" for n in q.model.model.graph.node)}
+    return recipe
 
 
 @contextmanager
@@ -101,7 +93,8 @@ def quiet_logger(name: str | None = None):
         log.setLevel(level)
 
 
-RECIPES: dict[str, Callable[[Path, Path], dict]] = {"fp32": fp32, "int8": int8, "int4": int4}
+RECIPES: dict[str, Callable[[Path, Path], dict]] = {"fp32": fp32, "int8": weight_only(8),
+                                                     "int4": weight_only(4)}
 
 
 def quantize(recipe: str, src: Path, dst: Path) -> dict:
