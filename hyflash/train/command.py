@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, default=8, help="sequences per step")
     g.add_argument("--anchors", type=int, default=16, help="anchors (blocks) per sequence")
     g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--memory-lr-scale", type=float, default=10.0,
+                   help="learning-rate multiplier for the memory's decay logits and gate "
+                        "biases (a few scalars per layer)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     target.drop_cache()
     data = DistillSet(data_dir)
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
-                           lr=args.lr, seed=args.seed)
+                           lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed)
     run_name = f"train-{args.arch}"
     if args.arch == "hyflash" and args.memory != "decayed-linear":
         run_name += f"-{args.memory}"
