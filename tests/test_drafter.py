@@ -34,7 +34,8 @@ def sequence(target, t=48):
     return tokens, feats
 
 
-@pytest.mark.parametrize("arch,kw", [("hyflash", dict(window=8, block_size=4)),
+@pytest.mark.parametrize("arch,kw", [("hyflash", dict(window=8, block_size=4,
+                                                      memory="decayed-linear")),
                                      ("hyflash", dict(window=8, block_size=4,
                                                       memory="prefix-slots")),
                                      ("hyflash", dict(window=5, block_size=5, num_layers=1)),

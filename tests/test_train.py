@@ -58,7 +58,9 @@ def test_a_few_steps_reduce_the_loss(distilled, tmp_path):
 
 def test_memory_scalars_train_faster_and_vectors_skip_weight_decay(distilled):
     target, _ = distilled
-    d = small_drafter(target)
+    torch.manual_seed(0)
+    d = Drafter.for_target(target, "hyflash", num_layers=1, num_heads=4, block_size=4,
+                           window=8, memory="decayed-linear")
     spec = loop.TrainSpec(lr=1e-3, weight_decay=0.1, memory_lr_scale=10.0)
     groups = loop.param_groups(d, spec)
     names = {id(p): n for n, p in d.named_parameters()}
@@ -113,7 +115,7 @@ def test_train_command_writes_a_loadable_drafter(model_folder, corpus, tmp_path,
     meta = json.loads((out / "config.json").read_text())
     assert meta["training"]["train_spec"]["steps"] == 3 and meta["config"]["window"] == 8
     d = load_drafter(out, Target.from_pretrained(model_folder))
-    assert d.cfg.block_size == 4 and d.cfg.memory == "decayed-linear"
+    assert d.cfg.block_size == 4 and d.cfg.memory == "prefix-slots"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -131,6 +133,14 @@ def test_train_command_bad_input_is_one_line(model_folder, corpus, tmp_path, cap
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_train_command_memory_choices_are_the_models():
+    from hyflash.models import memory
+    from hyflash.train import command
+
+    assert command.MEMORY_KINDS == memory.MEMORY_KINDS
+    assert command.MEMORY_KINDS[0] == memory.DEFAULT_MEMORY
 
 
 def test_train_command_rejects_a_mismatched_tokenizer(tmp_path, corpus, capsys):

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyflash.errors import HyflashError
-from hyflash.models.memory import MEMORY_KINDS, make_memory
+from hyflash.models.memory import DEFAULT_MEMORY, MEMORY_KINDS, make_memory
 from hyflash.models.target import MLP, RMSNorm, Target, TargetConfig, apply_rope
 
 ARCHS = ("hyflash", "full")
@@ -56,7 +56,7 @@ class DrafterConfig:
     num_heads: int = 8
     block_size: int = 8
     window: int = 64
-    memory: str = "decayed-linear"
+    memory: str = DEFAULT_MEMORY
     arch: str = "hyflash"
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MEMORY_KINDS = ("decayed-linear", "prefix-slots", "none")
+MEMORY_KINDS = ("prefix-slots", "decayed-linear", "none")
+DEFAULT_MEMORY = "prefix-slots"  # the better of the two readings on the pocket model (README)
 EPS = 1e-6
 
 

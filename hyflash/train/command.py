@@ -15,6 +15,10 @@ from pathlib import Path
 from hyflash.atomic import write_folder_atomically
 from hyflash.errors import HyflashError
 
+# hyflash.models.memory.MEMORY_KINDS, default first; spelled out so that --help does not
+# import torch (tests/test_train.py checks they agree)
+MEMORY_KINDS = ("prefix-slots", "decayed-linear", "none")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True,
@@ -34,9 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heads", type=int, default=8)
     g.add_argument("--block-size", type=int, default=8, help="B: one pass drafts B-1 tokens")
     g.add_argument("--window", type=int, default=64, help="local window W (hyflash only)")
-    g.add_argument("--memory", default="decayed-linear",
-                   help="memory kind (hyflash only): decayed-linear (read-out mixed in by a "
-                        "gate), prefix-slots (read-out as extra keys in the softmax) or none")
+    g.add_argument("--memory", default=MEMORY_KINDS[0], choices=MEMORY_KINDS,
+                   help="memory kind (hyflash only): prefix-slots (default: learned slot "
+                        "queries read the memory into extra keys of the softmax), "
+                        "decayed-linear (every query reads it, a gate mixes it in) or none "
+                        "(window only)"),
     g.add_argument("--max-seq-len", type=int, default=None,
                    help="context the drafter serves (default: the target's)")
     g = p.add_argument_group("self-distillation data")
@@ -115,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
                            lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed)
     run_name = f"train-{args.arch}"
-    if args.arch == "hyflash" and args.memory != "decayed-linear":
+    if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
     report = train(drafter, data, train_spec, work / run_name, progress=not args.quiet)
     report.update(target=str(target_path), data=str(args.data), arch=args.arch,
