@@ -5,8 +5,10 @@ the target's *context features* (its tap-layer hidden states of committed tokens
 projected by ``fc``). Each layer's block queries attend, non-causally, to
 
 - the last W context features (the local window) and the block itself, and
-- a recurrent memory that absorbed the features older than the window (``memory.py``),
-  mixed in by a learned per-head gate.
+- a recurrent memory that absorbed the features older than the window (``memory.py``):
+  read by a few learned slot queries into extra keys/values of the same softmax
+  (``prefix-slots``, the default) or by every query and mixed in by a learned per-head
+  gate (``decayed-linear``).
 
 So draft-side memory is bounded: window + state, whatever the context length. The
 full-context baseline is the same code with W = max_seq_len and no memory.
