@@ -9,6 +9,7 @@ from conftest import WORDS, save_tiny_llama
 
 import hyflash.train.loop as loop
 from hyflash.cli import main
+from hyflash.errors import HyflashError
 from hyflash.models.drafter import Drafter, load_drafter
 from hyflash.models.target import Target
 from hyflash.train.data import DataSpec, DistillSet, generate_dataset
@@ -81,8 +82,8 @@ def test_interrupted_training_resumes_exactly(distilled, tmp_path, monkeypatch):
 
     real_save = loop.save_checkpoint
 
-    def crash_after_step_8(path, drafter, opt, step):
-        real_save(path, drafter, opt, step)
+    def crash_after_step_8(path, drafter, opt, step, run):
+        real_save(path, drafter, opt, step, run)
         if step == 8:
             raise KeyboardInterrupt
 
@@ -95,6 +96,16 @@ def test_interrupted_training_resumes_exactly(distilled, tmp_path, monkeypatch):
     for (name, a), (_, b) in zip(straight.trainable_state().items(),
                                  resumed.trainable_state().items(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
+
+    # a checkpoint resumes only into the run that made it
+    other_lr = loop.TrainSpec(steps=12, batch=2, anchors=4, checkpoint_every=4, lr=5e-3)
+    with pytest.raises(HyflashError, match="is a run with lr 0.001, not 0.005"):
+        loop.train(small_drafter(target), data, other_lr, tmp_path / "b", progress=False)
+    torch.manual_seed(0)
+    wider = Drafter.for_target(target, "hyflash", num_layers=1, num_heads=4, block_size=4,
+                               window=16)
+    with pytest.raises(HyflashError, match="is a run with window 8, not 16"):
+        loop.train(wider, data, spec, tmp_path / "b", progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hyflash.errors import HyflashError
 from hyflash.models.drafter import Drafter
 from hyflash.train.data import DistillSet
 
@@ -136,8 +137,10 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
     work.mkdir(parents=True, exist_ok=True)
     ckpt = work / "checkpoint.pt"
     step = 0
+    run = run_settings(drafter, spec)
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
+        check_resumable(ckpt, state.get("run", run), run)
         drafter.load_state_dict(state["drafter"], strict=False)
         opt.load_state_dict(state["opt"])
         step = state["step"]
@@ -162,7 +165,7 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         bar.set_postfix(loss=f"{loss.item():.3f}",
                         acc="/".join(f"{x:.2f}" for x in ema[:4].tolist()))
         if step % spec.checkpoint_every == 0 or step == spec.steps:
-            save_checkpoint(ckpt, drafter, opt, step)
+            save_checkpoint(ckpt, drafter, opt, step, run)
     bar.close()
     report = {"train_spec": asdict(spec), "train_seconds_last_run": round(time.time() - t0, 1),
               "final_train_loss": round(loss.item(), 4)}
@@ -170,8 +173,25 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
     return report
 
 
-def save_checkpoint(path: Path, drafter: Drafter, opt, step: int) -> None:
+def run_settings(drafter: Drafter, spec: TrainSpec) -> dict:
+    """What a checkpoint must agree with to be resumed: the drafter's config and every
+    training setting (checkpoint_every aside)."""
+    train = {k: v for k, v in asdict(spec).items() if k != "checkpoint_every"}
+    cfg = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(drafter.cfg).items()}
+    return {"drafter": cfg, "train": train}
+
+
+def check_resumable(ckpt: Path, saved: dict, now: dict) -> None:
+    for part in ("drafter", "train"):
+        for key, value in now[part].items():
+            if saved[part].get(key) != value:
+                raise HyflashError(
+                    f"{ckpt} is a run with {key} {saved[part].get(key)!r}, not {value!r}: "
+                    "rerun with its settings to resume it, or use another --work folder")
+
+
+def save_checkpoint(path: Path, drafter: Drafter, opt, step: int, run: dict) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"drafter": drafter.trainable_state(), "opt": opt.state_dict(), "step": step},
-               tmp)
+    torch.save({"drafter": drafter.trainable_state(), "opt": opt.state_dict(), "step": step,
+                "run": run}, tmp)
     os.replace(tmp, path)
