@@ -167,7 +167,7 @@ def describe(bundle: Bundle) -> str:
         ("target", f"{t['model_type']}, {t['num_hidden_layers']} layers, hidden "
                    f"{t['hidden_size']}, vocab {t['vocab_size']}  ({m['target'].get('source')})"),
         ("drafter", f"{d['arch']}, {d['num_layers']} layers, block {d['block_size']}, window "
-                    f"{d['window']}, window cache {m.get('window_cache', '?')} "
+                    f"{d['window']}, window cache {m.get('window_cache', 'features')} "
                     f"({m.get('window_holds', '?')}), memory {d['memory']}"),
         ("tap layers -> features", f"{t['tap_layers']} -> {d['feature_size']}"),
         ("max context", m.get("max_context")),
