@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hyflash.models.drafter import Drafter, load_drafter
+from hyflash.models.drafter import WINDOW_CACHES, Drafter, load_drafter
 from hyflash.models.pocket.build import read_text, split_files
 from hyflash.models.target import Target, resolve_model_folder
 from hyflash.models.tokenizer import load_tokenizer
@@ -80,7 +80,8 @@ def memory_table(drafters: dict, contexts) -> dict:
     maximum, ``allocated``)."""
     out = {}
     for name, d in drafters.items():
-        for cache in ("kv", "features"):
+        layout = d.window_cache
+        for cache in WINDOW_CACHES:
             d.window_cache = cache
             fixed = d.state_bytes()
             label = f"{name} ({cache})"
@@ -90,7 +91,7 @@ def memory_table(drafters: dict, contexts) -> dict:
                 out[label + " allocated"] = {n: fixed for n in contexts}
             else:
                 out[label] = {n: fixed for n in contexts}
-        d.window_cache = "kv"
+        d.window_cache = layout
     return out
 
 

@@ -20,13 +20,11 @@ from hyflash import __version__
 from hyflash.errors import HyflashError
 from hyflash.export import manifest as mf
 from hyflash.export import onnx as ox
-from hyflash.export.quantize import RECIPES, quantize, quiet_logger
+from hyflash.export.quantize import check_recipe, quantize, quiet_logger
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
                    "chat_template.jinja")
-WINDOW_HOLDS = {"kv": "per-layer keys and values (pre-rope) of the last W context features",
-                "features": "fused context features; each call derives per-layer K/V"}
 
 
 def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: str | Path,
@@ -37,20 +35,17 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
     picks the drafter's window layout (see ``hyflash.models.drafter``)."""
     import torch
 
-    from hyflash.models.drafter import load_drafter, resolve_drafter_folder
+    from hyflash.models.drafter import check_window_cache, load_drafter, resolve_drafter_folder
     from hyflash.models.target import Target, resolve_model_folder
 
-    if quant not in RECIPES:
-        raise HyflashError(f"unknown quantization recipe {quant!r}: choose one of "
-                           f"{', '.join(RECIPES)}")
+    check_recipe(quant)  # before the slow part
     folder = resolve_model_folder(target_path)
     drafter_dir = resolve_drafter_folder(drafter_dir)
     taps = read_drafter_taps(drafter_dir)
     target = Target.from_pretrained(folder, dtype="float32", max_seq_len=max_seq_len,
                                     tap_layers=taps)
     drafter = load_drafter(drafter_dir, target).float()
-    if window_cache not in WINDOW_HOLDS:
-        raise HyflashError(f"unknown window cache {window_cache!r}: choose kv or features")
+    check_window_cache(window_cache)
     drafter.window_cache = window_cache
 
     def fill(tmp: Path) -> dict:
@@ -112,6 +107,8 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
 
 def build_manifest(target, drafter, target_folder: Path, drafter_dir: Path, tmp: Path,
                    quant: str, recipe: dict, tok_files: list[str]) -> dict:
+    from hyflash.models.drafter import WINDOW_CACHES
+
     tc, dc = target.cfg, drafter.cfg
     kv_dtype = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
     elem = target.embed_tokens.weight.element_size()
@@ -131,12 +128,12 @@ def build_manifest(target, drafter, target_folder: Path, drafter_dir: Path, tmp:
         "hyflash_version": __version__,
         "backend": "onnx",
         "target": {"source": str(target_folder), "config": tc.to_dict()},
-        "drafter": {"source": str(drafter_dir), "config": drafter_config_dict(drafter)},
+        "drafter": {"source": str(drafter_dir), "config": drafter.cfg.to_dict()},
         "tap_layers": list(tc.tap_layers),
         "block_size": dc.block_size,
         "window": dc.window,
         "window_cache": drafter.window_cache,
-        "window_holds": WINDOW_HOLDS[drafter.window_cache],
+        "window_holds": WINDOW_CACHES[drafter.window_cache],
         "max_context": tc.max_seq_len,
         "state": state,
         "state_bytes": sum(s["bytes"] for s in state),
@@ -155,14 +152,6 @@ def build_manifest(target, drafter, target_folder: Path, drafter_dir: Path, tmp:
     }
 
 
-def drafter_config_dict(drafter) -> dict:
-    from dataclasses import asdict
-
-    d = asdict(drafter.cfg)
-    d["tap_layers"] = list(d["tap_layers"])
-    return d
-
-
 def requantize_bundle(src: str | Path, quant: str, out: str | Path) -> dict:
     """A new bundle at out with the graphs of the fp32 bundle src quantized by ``quant``;
     everything else is copied. Exporting once and quantizing many times saves the
@@ -173,9 +162,7 @@ def requantize_bundle(src: str | Path, quant: str, out: str | Path) -> dict:
     if bundle.manifest["quantization"]["recipe"] != "fp32":
         raise HyflashError(f"bundle {src} is already {bundle.manifest['quantization']['recipe']}"
                            ": requantize an fp32 bundle")
-    if quant not in RECIPES:
-        raise HyflashError(f"unknown quantization recipe {quant!r}: choose one of "
-                           f"{', '.join(RECIPES)}")
+    check_recipe(quant)  # before the slow part
 
     def fill(tmp: Path) -> dict:
         import onnx

@@ -91,6 +91,11 @@ class Bundle:
         return TargetConfig.from_dict(self.manifest["target"]["config"])
 
     @property
+    def window_cache(self) -> str:
+        """What the drafter window holds; bundles from before the field held features."""
+        return self.manifest.get("window_cache", "features")
+
+    @property
     def drafter_config(self):
         from hyflash.models.drafter import DrafterConfig
 
@@ -167,7 +172,7 @@ def describe(bundle: Bundle) -> str:
         ("target", f"{t['model_type']}, {t['num_hidden_layers']} layers, hidden "
                    f"{t['hidden_size']}, vocab {t['vocab_size']}  ({m['target'].get('source')})"),
         ("drafter", f"{d['arch']}, {d['num_layers']} layers, block {d['block_size']}, window "
-                    f"{d['window']}, window cache {m.get('window_cache', 'features')} "
+                    f"{d['window']}, window cache {bundle.window_cache} "
                     f"({m.get('window_holds', '?')}), memory {d['memory']}"),
         ("tap layers -> features", f"{t['tap_layers']} -> {d['feature_size']}"),
         ("max context", m.get("max_context")),

@@ -97,9 +97,13 @@ RECIPES: dict[str, Callable[[Path, Path], dict]] = {"fp32": fp32, "int8": weight
                                                      "int4": weight_only(4)}
 
 
-def quantize(recipe: str, src: Path, dst: Path) -> dict:
-    """Write src quantized with ``recipe`` to dst; return the manifest's description."""
+def check_recipe(recipe: str) -> None:
     if recipe not in RECIPES:
         raise HyflashError(f"unknown quantization recipe {recipe!r}: choose one of "
                            f"{', '.join(RECIPES)}")
+
+
+def quantize(recipe: str, src: Path, dst: Path) -> dict:
+    """Write src quantized with ``recipe`` to dst; return the manifest's description."""
+    check_recipe(recipe)
     return RECIPES[recipe](Path(src), Path(dst))

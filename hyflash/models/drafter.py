@@ -43,7 +43,9 @@ from hyflash.models.memory import DEFAULT_MEMORY, MEMORY_KINDS, make_memory
 from hyflash.models.target import MLP, RMSNorm, Target, TargetConfig, apply_rope
 
 ARCHS = ("hyflash", "full")
-WINDOW_CACHES = ("kv", "features")
+# step-form window layouts -> what the window state holds (recorded in bundle manifests)
+WINDOW_CACHES = {"kv": "per-layer keys and values (pre-rope) of the last W context features",
+                 "features": "fused context features; each call derives per-layer K/V"}
 FORMAT_VERSION = 1
 
 
@@ -87,6 +89,10 @@ class DrafterConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def to_dict(self) -> dict:
+        """JSON-ready: what drafter folders, bundle manifests and checkpoints record."""
+        return {**asdict(self), "tap_layers": list(self.tap_layers)}
+
     @property
     def commit_size(self) -> int:
         """Rows per step-form commit: one verify round commits at most B features."""
@@ -111,6 +117,11 @@ def rope_at(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tenso
     ang = pos.to(torch.float32)[..., None] * inv
     ang = torch.cat([ang, ang], -1)[:, None]
     return ang.cos(), ang.sin()
+
+
+def check_window_cache(name: str) -> None:
+    if name not in WINDOW_CACHES:
+        raise HyflashError(f"unknown window cache {name!r}: choose {' or '.join(WINDOW_CACHES)}")
 
 
 def state_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
@@ -278,9 +289,7 @@ class Drafter(nn.Module):
         """Fixed-shape state: the window (per-layer K/V or fused features, see
         ``window_cache``), the committed count, and per-layer memory."""
         cfg = self.cfg
-        if self.window_cache not in WINDOW_CACHES:
-            raise HyflashError(f"unknown window cache {self.window_cache!r}: choose kv or "
-                               "features")
+        check_window_cache(self.window_cache)
         w, d, n_layers = cfg.window, cfg.hidden_size, cfg.num_layers
         if self.window_cache == "kv":
             state = {"window_k": torch.zeros(n_layers, w, d, dtype=dtype),
@@ -385,7 +394,7 @@ class Drafter(nn.Module):
         from safetensors.torch import save_file
 
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"format_version": FORMAT_VERSION, "config": asdict(self.cfg), **(extra or {})}
+        meta = {"format_version": FORMAT_VERSION, "config": self.cfg.to_dict(), **(extra or {})}
         (folder / "config.json").write_text(json.dumps(meta, indent=1))
         save_file({k: v.contiguous() for k, v in self.trainable_state().items()},
                   folder / "model.safetensors")

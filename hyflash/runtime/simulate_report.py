@@ -25,7 +25,7 @@ class Report:
         self.meta = {
             "bundle": str(bundle.folder), "quantization": m["quantization"]["recipe"],
             "drafter": m["drafter"]["config"]["arch"], "block_size": m["block_size"],
-            "window": m["window"], "window_cache": m.get("window_cache", "features"),
+            "window": m["window"], "window_cache": bundle.window_cache,
             "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature, "seed": args.seed, "threads": args.threads,
             "prompts": n_prompts,

@@ -177,8 +177,7 @@ def run_settings(drafter: Drafter, spec: TrainSpec) -> dict:
     """What a checkpoint must agree with to be resumed: the drafter's config and every
     training setting (checkpoint_every aside)."""
     train = {k: v for k, v in asdict(spec).items() if k != "checkpoint_every"}
-    cfg = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(drafter.cfg).items()}
-    return {"drafter": cfg, "train": train}
+    return {"drafter": drafter.cfg.to_dict(), "train": train}
 
 
 def check_resumable(ckpt: Path, saved: dict, now: dict) -> None:
