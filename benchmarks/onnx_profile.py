@@ -58,7 +58,7 @@ def call_costs(bundle: Path, contexts: list[int], threads: int, repeats: int) ->
     so each graph finds the caches the other one left. Every draft counts as accepted:
     the context advances and no call copies the cache."""
     b, target, drafter = load_onnx_pair(bundle, threads)
-    bsz = b.drafter_config.block_size
+    bsz = b.manifest.block_size
     rng = np.random.default_rng(0)
     rows = []
     for ctx in contexts:
@@ -114,11 +114,11 @@ def kernel_profile(path: Path, feeds: dict, threads: int, runs: int) -> dict:
 def graph_feeds(bundle: Path, ctx: int) -> dict[str, dict]:
     """Inputs for profiling each graph on its own: target at T=1 and T=B, drafter step."""
     b, target, drafter = load_onnx_pair(bundle, verify_hashes=False)
-    kv = b.manifest["kv_cache"]
-    bsz = b.drafter_config.block_size
+    cfg = b.manifest.target.config
+    bsz = b.manifest.block_size
 
     def target_feeds(t: int) -> dict:
-        past = np.zeros((1, kv["kv_heads"], ctx, kv["head_dim"]), np.float32)
+        past = np.zeros((1, cfg.num_key_value_heads, ctx, cfg.head_dim), target.kv_dtype)
         f = {"input_ids": np.ones((1, t), np.int64),
              "attention_mask": np.ones((1, ctx + t), np.int64),
              "position_ids": np.arange(ctx, ctx + t, dtype=np.int64)[None]}
@@ -135,15 +135,14 @@ def graph_feeds(bundle: Path, ctx: int) -> dict[str, dict]:
 
 
 def profile_bundle(bundle: Path, contexts: list[int], threads: int, repeats: int) -> dict:
-    from hyflash.export.manifest import read_bundle
+    from hyflash.bundle import read_bundle
 
-    m = read_bundle(bundle, verify_hashes=False).manifest
+    b = read_bundle(bundle, verify_hashes=False)
     kernels = {}
     for label, (role, feeds) in graph_feeds(bundle, contexts[0]).items():
-        kernels[label] = kernel_profile(bundle / m["models"][role]["file"], feeds, threads,
-                                        repeats)
+        kernels[label] = kernel_profile(b.path(role), feeds, threads, repeats)
     return {"bundle": str(bundle), "calls": call_costs(bundle, contexts, threads, repeats),
-            "kernels": kernels, "block_size": m["block_size"]}
+            "kernels": kernels, "block_size": b.manifest.block_size}
 
 
 def scaled_bundle(root: Path) -> Path:
@@ -169,7 +168,7 @@ def scaled_bundle(root: Path) -> Path:
             shutil.copyfile(pocket.path() / name, folder / name)
     target = Target.from_pretrained(folder, dtype="float32")
     Drafter.for_target(target, "hyflash").save(root / "drafter")
-    export_onnx_bundle(folder, root / "drafter", out, "fp32")
+    export_onnx_bundle(folder, root / "drafter", out, "fp32", target_graph="optimum")
     return out
 
 

@@ -18,9 +18,9 @@ import json
 import sysconfig
 from pathlib import Path
 
+from hyflash.bundle import read_bundle
 from hyflash.cli import main as hyflash
 from hyflash.export.bundle import export_onnx_bundle, requantize_bundle
-from hyflash.export.manifest import read_bundle
 from hyflash.runtime.simulate import DEFAULT_PROMPTS
 
 LONG_SOURCES = ("textwrap.py", "shlex.py", "fnmatch.py")
@@ -71,7 +71,7 @@ def main() -> None:
                 raise SystemExit(code)
             s = json.loads((report / "report.json").read_text())["summary"]
             rows.append({"quant": quant, "prompts": kind, **s})
-    arch = read_bundle(made["fp32"]).manifest["drafter"]["config"]["arch"]
+    arch = read_bundle(made["fp32"]).manifest.drafter.config.arch
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
     cols = [("tau", "%.2f"), ("plain_tokens_per_s", "%.1f"), ("spec_tokens_per_s", "%.1f"),
             ("speedup", "%.2fx"), ("ms_per_plain_decode_call", "%.2f"),

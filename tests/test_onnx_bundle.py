@@ -9,33 +9,20 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx_pairs import CONTEXT, prompts, tiny_pair
+from onnx_pairs import BUNDLES, CONTEXT, prompts
 
-from hyflash.export.bundle import export_onnx_bundle, requantize_bundle
-from hyflash.export.manifest import read_bundle
+from hyflash.bundle import read_bundle
 from hyflash.models.drafter import load_drafter
 from hyflash.models.target import Target
 from hyflash.runtime import SpeculativeEngine, TorchTarget
 from hyflash.runtime.drafter_backend import TorchDrafter
 from hyflash.runtime.onnx_backend import load_onnx_pair
 
-# bundle name -> (drafter arch, window cache); hyflash-features keeps fused features
-BUNDLES = {"hyflash": ("hyflash", "kv"), "full": ("full", "kv"),
-           "hyflash-features": ("hyflash", "features")}
-
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("onnx-pair")
-    folder, drafters = tiny_pair(root)
-    bundles = {name: root / f"bundle-{name}" for name in BUNDLES}
-    for name, (arch, cache) in BUNDLES.items():
-        export_onnx_bundle(folder, drafters[arch], bundles[name], "fp32", progress=False,
-                           window_cache=cache)
-    for quant in ("int8", "int4"):
-        bundles[quant] = root / f"bundle-{quant}"
-        requantize_bundle(bundles["hyflash"], quant, bundles[quant])
-    return folder, drafters, bundles
+def pair(onnx_bundles):
+    """conftest's tiny pair (target folder, drafters, bundles), exported once per session."""
+    return onnx_bundles
 
 
 def torch_pair(folder, drafter_dir):
@@ -55,10 +42,10 @@ def test_every_file_is_hashed_and_every_graph_passes_the_checker(pair):
     for bundle in bundles.values():
         m = read_bundle(bundle).manifest
         assert {"model.onnx", "drafter.onnx", "drafter_commit.onnx", "config.json",
-                "generation_config.json", "tokenizer.json"} <= set(m["files"])
-        for name, entry in m["files"].items():
+                "generation_config.json", "tokenizer.json"} <= set(m.files)
+        for name, entry in m.files.items():
             data = (bundle / name).read_bytes()
-            assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+            assert hashlib.sha256(data).hexdigest() == entry.sha256
             if name.endswith(".onnx"):
                 onnx.checker.check_model(str(bundle / name), full_check=True)
 
@@ -68,39 +55,43 @@ def test_manifest_records_the_io_contract_state_and_kv_layout(pair):
     m = read_bundle(bundles["hyflash"]).manifest
     hf = json.loads((folder / "config.json").read_text())
     layers = hf["num_hidden_layers"]
-    assert m["format_version"] == 1 and m["backend"] == "onnx"
-    assert m["window_cache"] == "kv" and m["block_size"] == 4
-    assert read_bundle(bundles["hyflash-features"]).manifest["window_cache"] == "features"
-    assert m["target"]["config"]["hidden_size"] == hf["hidden_size"]
-    assert m["drafter"]["config"]["window"] == m["window"] == 16
-    assert m["max_context"] == CONTEXT and m["quantization"]["recipe"] == "fp32"
+    assert m.format_version == 2 and m.backend == "onnx"
+    assert m.drafter.window_cache == "kv" and m.block_size == 4
+    assert read_bundle(bundles["hyflash-features"]).manifest.drafter.window_cache == "features"
+    assert m.target.config.hidden_size == hf["hidden_size"]
+    assert m.drafter.config.window == m.window == 16
+    assert m.max_context == CONTEXT and m.quantization.recipe == "fp32"
+    raw = json.loads((bundles["hyflash"] / "manifest.json").read_text())
+    for copy in ("block_size", "window", "tap_layers", "max_context", "state_bytes"):
+        assert copy not in raw  # stored once, in the configs and specs
 
-    target = m["models"]["target"]
-    kv = [f"{p}.{i}.{kv}" for i in range(layers) for kv in ("key", "value")
-          for p in ["past_key_values"]]
-    assert [i["name"] for i in target["inputs"]] == ["input_ids", "attention_mask",
-                                                     "position_ids", *kv]
-    outs = {o["name"]: o for o in target["outputs"]}
+    target = m.models["target"]
+    kv = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    assert [i.name for i in target.inputs] == ["input_ids", "attention_mask", "position_ids",
+                                               *kv]
+    assert m.kv_names()[0] == kv
+    outs = {o.name: o for o in target.outputs}
     assert list(outs)[:3] == ["logits", "features", "argmax"]
-    assert outs["logits"]["shape"] == [1, "sequence_length", hf["vocab_size"]]
-    assert outs["argmax"]["dtype"] == "int64"
-    assert outs["present.0.key"]["shape"] == [1, hf["num_key_value_heads"],
-                                              "past_sequence_length + sequence_length",
-                                              hf["hidden_size"] // hf["num_attention_heads"]]
+    assert outs["logits"].shape == (1, "sequence_length", hf["vocab_size"])
+    assert outs["argmax"].dtype == "int64"
+    assert outs["present.0.key"].shape == (1, hf["num_key_value_heads"],
+                                           "past_sequence_length + sequence_length",
+                                           hf["hidden_size"] // hf["num_attention_heads"])
 
-    step = m["models"]["drafter_step"]
-    names = [s["name"] for s in m["state"]]
+    step = m.models["drafter_step"]
+    names = [s.name for s in m.drafter.state]
     assert names == ["window_k", "window_v", "count", "memory_S", "memory_z"]
-    assert [i["name"] for i in step["inputs"]] == ["anchor", "features", "n_valid",
-                                                   *(f"state.{n}" for n in names)]
-    assert [o["name"] for o in step["outputs"]] == ["logits", *(f"new_state.{n}" for n in names)]
-    for spec in step["inputs"] + step["outputs"]:  # every drafter shape is fixed
-        assert all(isinstance(d, int) for d in spec["shape"]), spec
-    by_name = {i["name"]: i for i in step["inputs"]}
-    for s in m["state"]:
-        assert by_name[s["input"]]["shape"] == s["shape"]
-    assert m["state_bytes"] == sum(s["bytes"] for s in m["state"])
-    assert m["kv_cache"]["bytes_per_token"] == 2 * layers * 2 * 8 * 4
+    assert [i.name for i in step.inputs] == ["anchor", "features", "n_valid",
+                                             *(f"state.{n}" for n in names)]
+    assert [o.name for o in step.outputs] == ["logits", *(f"new_state.{n}" for n in names)]
+    for spec in step.inputs + step.outputs:  # every drafter shape is fixed
+        assert all(isinstance(d, int) for d in spec.shape), spec
+    by_name = {i.name: i for i in step.inputs}
+    for s in m.drafter.state:
+        assert by_name[s.input].shape == s.shape
+    _, drafter = torch_pair(folder, pair[1]["hyflash"])  # its window caches K/V too
+    assert m.state_bytes == sum(v.numel() * v.element_size() for v in drafter.init_state().values())
+    assert m.kv_bytes_per_token == 2 * layers * 2 * 8 * 4
 
 
 # ------------------------------------------------------------ graphs vs torch
@@ -180,18 +171,18 @@ def test_quantized_bundles_stay_lossless(pair, quant):
     _, _, bundles = pair
     bundle = read_bundle(bundles[quant])
     fp32 = read_bundle(bundles["hyflash"])
-    assert bundle.manifest["quantization"]["recipe"] == quant
+    assert bundle.manifest.quantization.recipe == quant
     bits = {a.i for n in onnx.load(str(bundle.path("target"))).graph.node
             if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
     assert bits == {int(quant[3:])}
-    size = bundle.manifest["files"]["model.onnx"]["bytes"]
-    assert size < 0.75 * fp32.manifest["files"]["model.onnx"]["bytes"]
-    for model in bundle.manifest["models"].values():  # every weight matrix, in every graph
-        graph = onnx.load(str(bundle.folder / model["file"])).graph
+    size = bundle.manifest.files["model.onnx"].bytes
+    assert size < 0.75 * fp32.manifest.files["model.onnx"].bytes
+    for role in bundle.manifest.models:  # every weight matrix, in every graph
+        graph = onnx.load(str(bundle.path(role))).graph
         weights = {i.name for i in graph.initializer}
         float_weights = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm")
                          and n.input[1] in weights]
-        assert not float_weights, (model["file"], float_weights)
+        assert not float_weights, (role, float_weights)
 
     ort_target, ort_drafter = onnx_pair(bundles[quant])
     plain, spec = SpeculativeEngine(ort_target), SpeculativeEngine(ort_target, ort_drafter)
@@ -242,6 +233,16 @@ def test_onnx_target_refuses_gaps_and_overflow(pair):
         ort_target.forward(torch.zeros(CONTEXT, dtype=torch.long), 3)
 
 
+def test_onnx_sessions_never_spin(pair):
+    """Idle intra-op threads that spin after a run take the cores from the next session's
+    run (drafter, then target, then drafter ...): every session of a bundle turns it off."""
+    bundles = pair[2]
+    _, target, drafter = load_onnx_pair(bundles["hyflash"], threads=1)
+    for session in (target.session, drafter.step, drafter.commit_only):
+        options = session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 def test_onnx_runtime_fuses_every_rms_norm(pair, tmp_path):
     """Each RMSNorm reaches ONNX Runtime as one fused node, not six small ones: at this
     model size per-node overhead is most of a call (benchmarks/onnx_profile.py)."""
@@ -249,14 +250,24 @@ def test_onnx_runtime_fuses_every_rms_norm(pair, tmp_path):
 
     folder, _, bundles = pair
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
-    m = read_bundle(bundles["hyflash"]).manifest
+    bundle = read_bundle(bundles["hyflash"])
     expected = {"target": 2 * layers + 1,  # two per layer + the final norm
                 "drafter_step": 2 * 1 + 2}  # two per layer + fc_norm + the final norm
     for role, n in expected.items():
         opts = ort.SessionOptions()
         opts.optimized_model_filepath = str(tmp_path / f"{role}.onnx")
-        ort.InferenceSession(str(bundles["hyflash"] / m["models"][role]["file"]), opts,
-                             providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(bundle.path(role)), opts, providers=["CPUExecutionProvider"])
         ops = [node.op_type for node in onnx.load(opts.optimized_model_filepath).graph.node]
         assert ops.count("SimplifiedLayerNormalization") == n, role
         assert "Reciprocal" not in ops
+
+
+def test_export_api_refuses_a_drafter_trained_for_another_target(pair, tmp_path):
+    """The Python API, like the CLI, never re-taps a target to suit a foreign drafter: the
+    pocket drafter (4096 tokens, taps [1, 2, 4]) does not fit the tiny target."""
+    from hyflash.errors import HyflashError
+    from hyflash.export.bundle import export_onnx_bundle
+
+    with pytest.raises(HyflashError, match="trained for another target"):
+        export_onnx_bundle(pair[0], "pocket", tmp_path / "b", progress=False)
+    assert not (tmp_path / "b").exists()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from hyflash.argtypes import DEFAULT_THREADS, positive_int, threads
 from hyflash.errors import HyflashError
+from hyflash.extras import require_onnx_extra
 
 BACKENDS = ("onnx", "executorch", "coreml")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from hyflash.export.onnx_lean import TARGET_GRAPHS
     from hyflash.export.quantize import RECIPES  # light: the heavy imports are in handlers
 
     p.add_argument("--target", required=True, metavar="PATH_OR_HUB_ID",
@@ -23,14 +26,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", choices=list(RECIPES), default="fp32",
                    help="weight quantization recipe (default fp32)")
     p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to write")
-    p.add_argument("--max-seq-len", type=int, default=None,
+    p.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="max context of the exported target (default: the model's, capped "
-                        "at 4096)")
+                        "at 4096); at least the drafter's window + block")
     p.add_argument("--window-cache", choices=("kv", "features"), default="kv",
                    help="what the drafter's window state holds: kv = each layer's keys and "
                         "values (faster: a draft projects only the new rows), features = the "
                         "fused context features (1/(2 x layers) of the window bytes, every "
                         "draft re-projects the whole window). Default kv")
+    p.add_argument("--target-graph", choices=TARGET_GRAPHS, default="auto",
+                   help="form of the target graph: lean = static KV buffers updated in place "
+                        "by ONNX Runtime's fused attention (GroupQueryAttention; fastest, "
+                        "rollback free; needs a head_dim that is a multiple of 16), optimum = "
+                        "past/present KV as explicit I/O, which optimum's "
+                        "ORTModelForCausalLM loads. Default auto: lean where the model "
+                        "allows it, else optimum")
+    p.add_argument("--threads", type=threads, default=DEFAULT_THREADS,
+                   help=f"torch CPU threads while exporting (default {DEFAULT_THREADS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -39,20 +51,34 @@ def run(args: argparse.Namespace) -> int:
         raise HyflashError(f"--backend {args.backend} is not implemented yet: use --backend "
                            "onnx")
     require_onnx_extra("ONNX export")
+    check_pair(args.target, args.drafter, args.max_seq_len)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from hyflash.bundle import read_bundle
+    from hyflash.bundle.describe import describe
     from hyflash.export.bundle import export_onnx_bundle
-    from hyflash.export.manifest import describe, read_bundle
 
     export_onnx_bundle(args.target, args.drafter, args.out, args.quant, args.max_seq_len,
-                       progress=not args.no_progress, window_cache=args.window_cache)
+                       progress=not args.no_progress, window_cache=args.window_cache,
+                       target_graph=args.target_graph)
     print(describe(read_bundle(args.out)))
     return 0
 
 
-def require_onnx_extra(what: str) -> None:
-    """onnx, onnxruntime and onnxscript are the optional `onnx` extra."""
-    from importlib.util import find_spec
+def check_pair(target: str, drafter: str, max_seq_len: int | None) -> None:
+    """Refuse, from the two config files alone, a pair that cannot make a usable bundle,
+    before the slow export: the drafter must be the one trained for this target (same
+    vocabulary, hidden size and tap layers; the target is never re-tapped to suit a
+    drafter), and the bundle's context must hold the drafter's window and one block."""
+    from hyflash.models.drafter import (
+        check_drafter_context,
+        check_drafter_fits,
+        read_drafter_config,
+    )
+    from hyflash.models.target import TargetConfig, read_hf_config, resolve_model_folder
 
-    missing = [m for m in ("onnx", "onnxruntime", "onnxscript") if find_spec(m) is None]
-    if missing:
-        raise HyflashError(f"{what} needs the onnx extra ({', '.join(missing)} missing): "
-                           "pip install 'hyflash[onnx]'")
+    target_cfg = TargetConfig.from_hf(read_hf_config(resolve_model_folder(target)), max_seq_len)
+    folder, cfg, _ = read_drafter_config(drafter)
+    check_drafter_fits(cfg, target_cfg, folder)
+    check_drafter_context(cfg, target_cfg.max_seq_len, folder)

@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hyflash.bundle import ROLES as BUNDLE_ROLES
+from hyflash.bundle.records import KVCacheSpec, ModelContract, TensorSpec
 from hyflash.errors import HyflashError
 from hyflash.models.drafter import Drafter, DrafterStep
 from hyflash.models.target import Target
@@ -38,6 +40,7 @@ from hyflash.models.target import Target
 TARGET_FILE = "model.onnx"  # optimum's standard name: ORTModelForCausalLM finds it by itself
 DRAFTER_FILE = "drafter.onnx"
 COMMIT_FILE = "drafter_commit.onnx"
+FILES = {"target": TARGET_FILE, "drafter_step": DRAFTER_FILE, "drafter_commit": COMMIT_FILE}
 OPSET = 18
 COMMIT_CHUNK = 64  # rows per commit-only call (capped by the window)
 
@@ -45,16 +48,19 @@ ONNX_DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 1
 
 
 # ------------------------------------------------------------------------- names
+# The graph I/O names are the bundle format's (hyflash.bundle.ROLES), KV named as optimum
+# names it; the manifest records these patterns and the runtime reads them from there.
 
-def kv_names(n_layers: int, prefix: str) -> list[str]:
-    return [f"{prefix}.{i}.{kv}" for i in range(n_layers) for kv in ("key", "value")]
+ROLES = BUNDLE_ROLES["onnx"]
+KV_CACHE = KVCacheSpec(form="past_present", dtype="float32",
+                       past_inputs="past_key_values.{layer}.{kind}",
+                       present_outputs="present.{layer}.{kind}")
 
 
 def target_io_names(n_layers: int) -> tuple[list[str], list[str]]:
-    inputs = ["input_ids", "attention_mask", "position_ids", *kv_names(n_layers,
-                                                                      "past_key_values")]
-    outputs = ["logits", "features", "argmax", *kv_names(n_layers, "present")]
-    return inputs, outputs
+    role = ROLES["target"]
+    return ([*role.inputs, *KV_CACHE.names(KV_CACHE.past_inputs, n_layers)],
+            [*role.outputs, *KV_CACHE.names(KV_CACHE.present_outputs, n_layers)])
 
 
 def state_input(name: str) -> str:
@@ -147,29 +153,31 @@ def export_drafter(drafter: Drafter, step_path: Path, commit_path: Path) -> None
     cfg = drafter.cfg
     state = drafter.init_state(drafter.fc.weight.dtype)
     names = list(state)
-    step_in = ["anchor", "features", "n_valid", *map(state_input, names)]
-    step_out = ["logits", *map(state_output, names)]
+    step, commit = ROLES["drafter_step"], ROLES["drafter_commit"]
+    step_in = [*step.inputs, *map(state_input, names)]
+    step_out = [*step.outputs, *map(state_output, names)]
     feats = torch.zeros(cfg.commit_size, cfg.feature_size, dtype=drafter.fc.weight.dtype)
     _export(DrafterStep(drafter), (torch.tensor([0]), feats, torch.tensor([1]),
                                    *state.values()), step_path, step_in, step_out)
     rows = torch.zeros(commit_rows(drafter), cfg.feature_size, dtype=drafter.fc.weight.dtype)
     _export(DrafterCommit(drafter), (rows, torch.tensor([1]), *state.values()), commit_path,
-            ["features", "n_valid", *map(state_input, names)], list(map(state_output, names)))
+            [*commit.inputs, *map(state_input, names)],
+            [*commit.outputs, *map(state_output, names)])
 
 
 # ------------------------------------------------------------------- I/O contract
 
-def io_contract(path: Path) -> dict:
-    """Inputs and outputs of an ONNX file: name, shape (ints or symbolic dim names), dtype."""
+def io_contract(path: Path, role: str, commit_rows: int | None = None) -> ModelContract:
+    """The manifest's record of an ONNX file as written: every input and output with its
+    name, shape (ints, or symbolic dim names where dynamic) and dtype."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
 
-    def spec(v) -> dict:
+    def spec(v) -> TensorSpec:
         tt = v.type.tensor_type
         shape = [d.dim_param if d.HasField("dim_param") else d.dim_value for d in tt.shape.dim]
-        return {"name": v.name, "shape": shape,
-                "dtype": ONNX_DTYPES.get(tt.elem_type, str(tt.elem_type))}
+        return TensorSpec(v.name, tuple(shape), ONNX_DTYPES.get(tt.elem_type, str(tt.elem_type)))
 
-    return {"inputs": [spec(v) for v in graph.input],
-            "outputs": [spec(v) for v in graph.output]}
+    return ModelContract(role, path.name, tuple(map(spec, graph.input)),
+                         tuple(map(spec, graph.output)), commit_rows)

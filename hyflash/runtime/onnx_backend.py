@@ -24,6 +24,13 @@ with in-place updates would avoid it, see ExecuTorch).
 usual round costs one drafter call. When more rows are pending than the step graph
 takes (after the prefill), commit-only calls absorb them first. The state tensors come
 out of each call and go into the next one unchanged.
+
+Both read the bundle only through ``hyflash.bundle``'s records: every I/O name (the KV
+cache's, the state's) comes from the manifest, and each session's real inputs and
+outputs are checked against the recorded contract when it opens, so a graph that does
+not match its manifest stops with one line instead of failing inside ONNX Runtime.
+Sessions never spin: the target's and the drafter's run one after the other, and idle
+threads spinning in one session's pool would take the cores from the other's.
 """
 
 from __future__ import annotations
@@ -33,44 +40,77 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hyflash.bundle import REEXPORT, Bundle, read_bundle
+from hyflash.bundle.records import ModelContract, TensorSpec
 from hyflash.errors import HyflashError
-from hyflash.export.manifest import Bundle, read_bundle
-from hyflash.runtime.backends import check_span
+from hyflash.runtime.backends import TargetBackend, check_span
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
              "int32": np.int32, "bool": np.bool_}
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16",
+              "tensor(bfloat16)": "bfloat16", "tensor(int64)": "int64",
+              "tensor(int32)": "int32", "tensor(bool)": "bool"}
 
 
-def make_session(path: Path, threads: int = 0):
-    """An InferenceSession on the CPU; threads 0 = ONNX Runtime's default (all cores)."""
+def make_session(bundle: Bundle, role: str, threads: int = 0):
+    """An InferenceSession on the CPU for a graph role, checked against its contract;
+    threads 0 = ONNX Runtime's default (all cores)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3  # warnings about unused initializers are not the user's
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(bundle.path(role)), opts,
+                                   providers=["CPUExecutionProvider"])
+    contract = bundle.contract(role)
+    check_io(contract, "input", session.get_inputs(), contract.inputs)
+    check_io(contract, "output", session.get_outputs(), contract.outputs)
+    return session
 
 
-def fixed_shape(spec: dict) -> list[int]:
-    return [int(d) for d in spec["shape"]]
+def check_io(contract: ModelContract, kind: str, real: list, recorded: tuple[TensorSpec, ...]):
+    """The graph's real I/O (ONNX Runtime NodeArgs) has the recorded names, dtypes, ranks
+    and fixed dims."""
+    def mismatch(what: str) -> HyflashError:
+        return HyflashError(f"{contract.file} does not match manifest.json: {what}; the graph "
+                            f"was replaced or edited after export: {REEXPORT}")
+
+    args = {a.name: a for a in real}
+    for spec in recorded:
+        arg = args.get(spec.name)
+        if arg is None:
+            names = list(args)
+            raise mismatch(f"it has no {kind} {spec.name!r} (its {kind}s: "
+                           f"{', '.join(names[:4]) or 'none'}{', ...' if names[4:] else ''})")
+        dtype = ORT_DTYPES.get(arg.type, arg.type)
+        if dtype != spec.dtype:
+            raise mismatch(f"{kind} {spec.name!r} is {dtype}, the manifest records {spec.dtype}")
+        fixed = [a == b for a, b in zip(arg.shape, spec.shape, strict=False)
+                 if isinstance(a, int) and isinstance(b, int)]
+        if len(arg.shape) != len(spec.shape) or not all(fixed):
+            raise mismatch(f"{kind} {spec.name!r} has shape {arg.shape}, the manifest records "
+                           f"{list(spec.shape)}")
+    extra = [n for n in args if n not in {s.name for s in recorded}]
+    if extra:
+        raise mismatch(f"it has {kind} {extra[0]!r}, which the manifest does not record")
 
 
 class OnnxTarget:
     """The bundle's target graph behind the TargetBackend protocol (batch 1)."""
 
     def __init__(self, bundle: Bundle, threads: int = 0):
-        cfg = bundle.target_config
-        kv = bundle.manifest["kv_cache"]
-        self.session = make_session(bundle.path("target"), threads)
+        m = bundle.manifest
+        cfg = m.target.config
+        self.session = make_session(bundle, "target", threads)
         self.vocab_size = cfg.vocab_size
         self.max_seq_len = cfg.max_seq_len
         self.feature_size = cfg.feature_size
         self.eos_token_ids = tuple(cfg.eos_token_ids)
-        self.kv_shape = (1, kv["kv_heads"], kv["head_dim"])
-        self.kv_dtype = NP_DTYPES[kv["dtype"]]
-        self.past_names = [i.name for i in self.session.get_inputs()][3:]
-        self.present_names = [o.name for o in self.session.get_outputs()][3:]
+        self.kv_shape = (1, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_dtype = NP_DTYPES[m.kv_cache.dtype]
+        self.past_names, self.present_names = m.kv_names()
         self.io = self.session.io_binding()
         self.reset()
 
@@ -122,30 +162,29 @@ class OnnxDrafter:
     """The bundle's drafter graphs behind the DrafterBackend protocol."""
 
     def __init__(self, bundle: Bundle, threads: int = 0):
-        cfg = bundle.drafter_config
         m = bundle.manifest
+        cfg = m.drafter.config
         self.block_size = cfg.block_size
         self.feature_size = cfg.feature_size
         self.vocab_size = cfg.vocab_size
-        self.step = make_session(bundle.path("drafter_step"), threads)
-        self.commit_only = make_session(bundle.path("drafter_commit"), threads)
-        self.step_rows = m["models"]["drafter_step"]["commit_rows"]
-        self.commit_rows = m["models"]["drafter_commit"]["commit_rows"]
-        self.specs = m["state"]
-        self.step_outputs = ["logits"] + [s["output"] for s in self.specs]
-        self.commit_outputs = [s["output"] for s in self.specs]
+        self.step = make_session(bundle, "drafter_step", threads)
+        self.commit_only = make_session(bundle, "drafter_commit", threads)
+        self.step_rows = bundle.contract("drafter_step").commit_rows
+        self.commit_rows = bundle.contract("drafter_commit").commit_rows
+        self.specs = m.drafter.state
+        self.step_outputs = ["logits"] + [s.output for s in self.specs]
+        self.commit_outputs = [s.output for s in self.specs]
         self.calls = {"step": 0, "commit": 0}
         self.reset()
 
     def reset(self) -> None:
-        self.state = {s["input"]: np.zeros(fixed_shape(s), NP_DTYPES[s["dtype"]])
-                      for s in self.specs}
+        self.state = {s.input: np.zeros(s.shape, NP_DTYPES[s.dtype]) for s in self.specs}
         self.pending: list[np.ndarray] = []
         self.n_pending = 0
         self.count = 0  # features absorbed into the state
 
     def commit(self, features: torch.Tensor) -> None:
-        rows = torch.as_tensor(features).float().numpy()
+        rows = torch.as_tensor(features).detach().float().numpy()
         if rows.ndim != 2 or rows.shape[1] != self.feature_size:
             raise HyflashError(f"commit of features {tuple(rows.shape)}: expected [N, "
                                f"{self.feature_size}]")
@@ -166,7 +205,7 @@ class OnnxDrafter:
         return chunk, k
 
     def _absorb(self, outputs: list[np.ndarray]) -> None:
-        self.state = {s["input"]: v for s, v in zip(self.specs, outputs, strict=True)}
+        self.state = {s.input: v for s, v in zip(self.specs, outputs, strict=True)}
 
     def draft(self, anchor: int, pos: int) -> torch.Tensor:
         if pos != self.count + self.n_pending:
@@ -188,15 +227,23 @@ class OnnxDrafter:
         return torch.from_numpy(out[0])
 
     def state_bytes(self) -> int:
-        """Draft-side memory: the fixed state plus the rows waiting for the next call."""
+        """Draft-side memory: the fixed state plus the commit buffer (up to ``step_rows``
+        fp32 feature rows waiting for the next call)."""
         return sum(v.nbytes for v in self.state.values()) + self.step_rows * self.feature_size * 4
 
 
 def load_onnx_pair(folder: str | Path, threads: int = 0,
-                   verify_hashes: bool = True) -> tuple[Bundle, OnnxTarget, OnnxDrafter]:
-    """Validate a bundle and open its target and drafter."""
+                   verify_hashes: bool = True) -> tuple[Bundle, TargetBackend, OnnxDrafter]:
+    """Validate a bundle and open its target (the backend for the form of its target
+    graph: ``OnnxTarget``, or ``OnnxLeanTarget`` for the lean graph) and drafter."""
     bundle = read_bundle(folder, verify_hashes)
-    if bundle.manifest.get("backend") != "onnx":
-        raise HyflashError(f"bundle {folder} is for {bundle.manifest.get('backend')}, not "
-                           "onnx: simulate runs ONNX bundles (`hyflash export --backend onnx`)")
-    return bundle, OnnxTarget(bundle, threads), OnnxDrafter(bundle, threads)
+    if bundle.manifest.backend != "onnx":
+        raise HyflashError(f"bundle {folder} is for {bundle.manifest.backend}, not onnx: "
+                           "this runs ONNX bundles (`hyflash export --backend onnx`)")
+    if bundle.manifest.kv_cache.form == "in_place":
+        from hyflash.runtime.onnx_lean import open_lean_target
+
+        target = open_lean_target(bundle, threads)
+    else:
+        target = OnnxTarget(bundle, threads)
+    return bundle, target, OnnxDrafter(bundle, threads)

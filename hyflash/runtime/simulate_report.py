@@ -1,9 +1,15 @@
 """The simulation report: totals over prompts, a terminal table, JSON and a PNG plot.
 
 Kept apart from ``simulate`` (which runs the engines) so the numbers and their
-presentation can be read, and tested, on their own. Rates are totals over all prompts
+presentation can be read, and tested, on their own. Rates are totals over prompts
 (sum of tokens / sum of seconds), not means of per-prompt rates, so long generations
-weigh what they cost.
+weigh what they cost. A prompt that stops (EOS) after fewer than ``MIN_SPEEDUP_TOKENS``
+new tokens never decodes after its prefill, so it says nothing about drafting: it is
+shown with its stop reason but left out of the speed figures, and the report says so.
+
+Draft-side memory is reported as what it is: the drafter's fixed state (what the
+manifest and ``hyflash inspect`` show) plus the ONNX runtime's commit buffer (the
+feature rows waiting for the next drafter call).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from pathlib import Path
 
 from hyflash.runtime.stats import GenerationStats
 
+MIN_SPEEDUP_TOKENS = 2
+
 
 def ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
@@ -23,15 +31,15 @@ class Report:
     def __init__(self, bundle, args, n_prompts: int):
         m = bundle.manifest
         self.meta = {
-            "bundle": str(bundle.folder), "quantization": m["quantization"]["recipe"],
-            "drafter": m["drafter"]["config"]["arch"], "block_size": m["block_size"],
-            "window": m["window"], "window_cache": bundle.window_cache,
+            "bundle": str(bundle.folder), "quantization": m.quantization.recipe,
+            "drafter": m.drafter.config.arch, "block_size": m.block_size,
+            "window": m.window, "window_cache": m.drafter.window_cache,
             "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature, "seed": args.seed, "threads": args.threads,
             "prompts": n_prompts,
         }
-        self.fixed_state_bytes = m["state_bytes"]
-        self.kv_bytes_per_token = m["kv_cache"]["bytes_per_token"]
+        self.fixed_state_bytes = m.state_bytes
+        self.kv_bytes_per_token = m.kv_bytes_per_token
         self.greedy = args.temperature == 0
         self.rows: list[dict] = []
         self.plain: list[GenerationStats] = []
@@ -48,13 +56,16 @@ class Report:
         self.commit_calls += calls.get("commit", 0)
         self.state_bytes = max(self.state_bytes, state_bytes)
         self.kv_bytes = max(self.kv_bytes, kv_bytes)
+        counted = min(a.new_tokens, b.new_tokens) >= MIN_SPEEDUP_TOKENS
         self.rows.append({
             "prompt": i + 1, "prompt_tokens": a.prompt_tokens,
             "new_tokens": b.new_tokens, "identical": plain.tokens == spec.tokens,
+            "stop_reason": b.stop_reason, "plain_stop_reason": a.stop_reason,
+            "in_speedup": counted,
             "tau": round(b.tau, 3) if b.rounds else None,
             "plain_tokens_per_s": round(a.tokens_per_s, 2),
             "spec_tokens_per_s": round(b.tokens_per_s, 2),
-            "speedup": round(ratio(b.tokens_per_s, a.tokens_per_s), 3),
+            "speedup": round(ratio(b.tokens_per_s, a.tokens_per_s), 3) if counted else None,
         })
 
     def finish(self) -> dict:
@@ -66,8 +77,9 @@ class Report:
         rounds, accepted = total(S, "rounds"), total(S, "accepted_drafts")
         proposed = [sum(col) for col in zip(*(s.position_proposed for s in S), strict=True)]
         taken = [sum(col) for col in zip(*(s.position_accepted for s in S), strict=True)]
-        plain_tps = ratio(total(P, "new_tokens"), total(P, "total_s"))
-        spec_tps = ratio(total(S, "new_tokens"), total(S, "total_s"))
+        kept = [i for i, r in enumerate(self.rows) if r["in_speedup"]]
+        plain_tps = ratio(sum(P[i].new_tokens for i in kept), sum(P[i].total_s for i in kept))
+        spec_tps = ratio(sum(S[i].new_tokens for i in kept), sum(S[i].total_s for i in kept))
         draft_call = ratio(total(S, "draft_s"), total(S, "drafter_calls"))
         verify_call = ratio(total(S, "verify_s"), rounds)
         plain_call = ratio(total(P, "verify_s"), total(P, "rounds"))
@@ -82,6 +94,8 @@ class Report:
             "plain_tokens_per_s": plain_tps,
             "spec_tokens_per_s": spec_tps,
             "speedup": ratio(spec_tps, plain_tps),
+            "speedup_prompts": len(kept),
+            "left_out_of_speedup": [r["prompt"] for r in self.rows if not r["in_speedup"]],
             "ms_per_drafter_call": 1000 * draft_call,
             "ms_per_verify_call": 1000 * verify_call,
             "ms_per_plain_decode_call": 1000 * plain_call,
@@ -94,8 +108,9 @@ class Report:
             "spec_time_split_s": {k: total(S, f"{k}_s") for k in
                                   ("prefill", "draft", "verify", "total")},
             "peak_rss_mib": max(s.peak_rss_mib for s in P + S),
-            "draft_state_bytes": self.state_bytes,
+            "draft_side_bytes": self.state_bytes,
             "draft_state_fixed_bytes": self.fixed_state_bytes,
+            "draft_commit_buffer_bytes": self.state_bytes - self.fixed_state_bytes,
             "target_kv_bytes_at_end": self.kv_bytes,
             "lossless": (f"{identical}/{len(self.rows)} prompts identical to plain decoding"
                          if self.greedy else "n/a (sampling: same distribution, not tokens)"),
@@ -122,7 +137,7 @@ class Report:
             ("acceptance by position", rates),
             ("tokens/s plain | drafting", f"{num(s['plain_tokens_per_s'], '%.1f')} | "
                                           f"{num(s['spec_tokens_per_s'], '%.1f')}"),
-            ("speedup", num(s["speedup"], "%.2fx")),
+            ("speedup", num(s["speedup"], "%.2fx") + self.left_out_note()),
             ("ms per plain decode call", num(s["ms_per_plain_decode_call"], "%.3f")),
             ("ms per drafter call", num(s["ms_per_drafter_call"], "%.3f")
              + f"  ({s['drafter_calls']} calls, {s['commit_only_calls']} commit-only)"),
@@ -133,21 +148,37 @@ class Report:
                                         f"{num(s['tau_for_2x'], '%.2f')}  (at these call "
                                         "costs, prefill aside)"),
             ("peak RSS", f"{s['peak_rss_mib']:.0f} MiB"),
-            ("draft-side state", f"{s['draft_state_bytes'] / 1024:.1f} KiB (fixed, any "
-                                 "context length)"),
+            ("draft-side memory", f"{s['draft_side_bytes'] / 1024:.1f} KiB = "
+                                  f"{s['draft_state_fixed_bytes'] / 1024:.1f} KiB fixed state "
+                                  "(as `hyflash inspect` shows) + "
+                                  f"{s['draft_commit_buffer_bytes'] / 1024:.1f} KiB commit "
+                                  "buffer; any context length"),
             ("target KV cache at end", f"{s['target_kv_bytes_at_end'] / 1024:.1f} KiB "
                                        f"({self.kv_bytes_per_token} B/token)"),
         ]
         width = max(len(k) for k, _ in rows)
         head = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-        per = ["", f"{'prompt':>6} {'tokens':>7} {'new':>5} {'tau':>6} {'plain/s':>9} "
-                   f"{'draft/s':>9} {'speedup':>8}  same"]
+        limit = self.meta["max_new_tokens"]
+        per = ["", f"{'prompt':>6} {'tokens':>7} {'new':>5} {'stop':>14} {'tau':>6} "
+                   f"{'plain/s':>9} {'draft/s':>9} {'speedup':>8}  same"]
         for r in self.rows:
             per.append(f"{r['prompt']:>6} {r['prompt_tokens']:>7} {r['new_tokens']:>5} "
+                       f"{stop_label(r, limit):>14} "
                        f"{num(r['tau'], '%.2f'):>6} {r['plain_tokens_per_s']:>9.1f} "
                        f"{r['spec_tokens_per_s']:>9.1f} {num(r['speedup'], '%.2fx'):>8}  "
                        f"{'yes' if r['identical'] else 'no'}")
+        if any(early_eos(r, limit) or not r["in_speedup"] for r in self.rows):
+            per.append("(* stopped on EOS before --max-new-tokens; - not in the speedup: "
+                       f"fewer than {MIN_SPEEDUP_TOKENS} new tokens)")
         return head + "\n".join(per)
+
+    def left_out_note(self) -> str:
+        out = self.summary["left_out_of_speedup"]
+        if not out:
+            return ""
+        return (f"  (over {self.summary['speedup_prompts']} of {len(self.rows)} prompts; "
+                f"prompt{'s' if len(out) > 1 else ''} {', '.join(map(str, out))} stopped after "
+                f"< {MIN_SPEEDUP_TOKENS} new tokens, left out)")
 
     def write(self, out: Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
@@ -173,15 +204,20 @@ class Report:
         ax1.set_ylim(0, 1)
         ax1.set_xticks(range(1, len(acc) + 1))
         ax1.set_title(f"acceptance (tau = {s['tau']:.2f})")
-        x = range(1, len(self.rows) + 1)
+        rows = [r for r in self.rows if r["in_speedup"]]
+        x = range(1, len(rows) + 1)
         w = 0.4
-        ax2.bar([i - w / 2 for i in x], [r["plain_tokens_per_s"] for r in self.rows], w,
+        ax2.bar([i - w / 2 for i in x], [r["plain_tokens_per_s"] for r in rows], w,
                 label="plain", color="tab:gray")
-        ax2.bar([i + w / 2 for i in x], [r["spec_tokens_per_s"] for r in self.rows], w,
+        ax2.bar([i + w / 2 for i in x], [r["spec_tokens_per_s"] for r in rows], w,
                 label="drafting", color="tab:orange")
-        ax2.set_xlabel("prompt")
+        left_out = len(rows) < len(self.rows)
+        ax2.set_xlabel("prompt (* stopped on EOS)" + (f"; left out: < {MIN_SPEEDUP_TOKENS} new "
+                                                      "tokens" if left_out else ""))
         ax2.set_ylabel("tokens / s")
-        ax2.set_xticks(list(x))
+        limit = self.meta["max_new_tokens"]
+        ax2.set_xticks(list(x), [f"{r['prompt']}" + ("*" if early_eos(r, limit) else "")
+                                 for r in rows])
         ax2.set_title(f"same ONNX target, speedup {s['speedup']:.2f}x")
         ax2.legend(loc="lower right", framealpha=0.9)
         fig.suptitle(f"hyflash simulate: {Path(self.meta['bundle']).name} "
@@ -189,6 +225,16 @@ class Report:
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
+
+
+def early_eos(row: dict, max_new_tokens: int) -> bool:
+    return row["stop_reason"] == "eos" and row["new_tokens"] < max_new_tokens
+
+
+def stop_label(row: dict, max_new_tokens: int) -> str:
+    """The stop reason, marked * for an EOS before max tokens, - when not in the speedup."""
+    return (row["stop_reason"] + ("*" if early_eos(row, max_new_tokens) else "")
+            + ("" if row["in_speedup"] else " -"))
 
 
 def clean(x):
