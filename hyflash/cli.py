@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hyflash import __version__
+from hyflash.argtypes import DEFAULT_THREADS, positive_int, threads
 from hyflash.errors import HyflashError
 
 
@@ -32,11 +33,11 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-def not_yet(what: str, issue: int | None = None) -> Callable[[argparse.Namespace], int]:
-    tracked = f" (tracked in issue #{issue})" if issue else ""
-
+def not_yet(what: str, issue: int, meanwhile: str) -> Callable[[argparse.Namespace], int]:
+    """The run of a command whose arguments parse already but whose work lands later."""
     def run(args: argparse.Namespace) -> int:
-        raise HyflashError(f"{what} is not implemented yet{tracked}")
+        raise HyflashError(f"{what} is not implemented yet (tracked in issue #{issue}); "
+                           f"meanwhile {meanwhile}")
     return run
 
 
@@ -55,17 +56,47 @@ def lazy_run(module: str) -> Callable[[argparse.Namespace], int]:
 # ---------------------------------------------------------------------- inspect
 
 def inspect_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a Hugging Face model folder (config.json + safetensors), or "
-                                "a bundle written by `hyflash export` (manifest.json)")
-    p.add_argument("--max-seq-len", type=int, default=None,
-                   help="static KV cache length to size (default: the model's, capped at 4096)")
+    p.add_argument("path", help="a Hugging Face model folder (config.json + safetensors), a "
+                                "drafter folder (`hyflash train --out`), or a bundle written "
+                                "by `hyflash export` (manifest.json)")
+    p.add_argument("--max-seq-len", type=positive_int, default=None,
+                   help="static KV cache length to size, for model folders (default: the "
+                        "model's, capped at 4096)")
+
+
+def folder_kind(path: str) -> str:
+    """bundle, drafter or model: what inspect describes. A config.json that is not JSON
+    counts as a model's, so that the model reader reports what is wrong with it."""
+    import json
+    from pathlib import Path
+
+    from hyflash.models import pocket
+
+    if (Path(path) / "manifest.json").is_file():
+        return "bundle"
+    if path in pocket.DRAFTERS and path != "pocket":  # `pocket` alone names the model
+        return "drafter"
+    try:
+        meta = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "model"
+    return "drafter" if isinstance(meta, dict) and isinstance(meta.get("config"), dict) \
+        and "format_version" in meta else "model"
 
 
 def inspect_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    kind = folder_kind(args.path)
+    if args.max_seq_len is not None and kind != "model":
+        raise HyflashError(f"--max-seq-len sizes a model folder's KV cache, and {args.path} is "
+                           f"a {kind} (its context is fixed): drop --max-seq-len")
+    if kind == "drafter":
+        print_rows(drafter_rows(args.path))
+        return 0
     if (Path(args.path) / "manifest.json").is_file():  # an exported bundle
-        from hyflash.export.manifest import describe, read_bundle
+        from hyflash.bundle import read_bundle
+        from hyflash.bundle.describe import describe
 
         print(describe(read_bundle(args.path)))
         return 0
@@ -89,11 +120,70 @@ def inspect_run(args: argparse.Namespace) -> int:
         ("KV cache, fp16", f"{kv_per_token * 2} B/token, "
                            f"{kv_per_token * 2 * cfg.max_seq_len / 2**20:.1f} MiB at max context"),
         ("eos ids", list(cfg.eos_token_ids)),
+        ("weights", weights_summary(folder)),
     ]
+    print_rows(rows)
+    return 0
+
+
+def print_rows(rows: list[tuple[str, object]]) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    return 0
+
+
+def weights_summary(folder) -> str:
+    """Parameter count and bytes from the safetensors headers (no tensor is read; a
+    truncated or garbage file fails here, as it would when loading)."""
+    import math
+
+    from hyflash.models.folders import TargetLoadError, safetensors_shapes, weight_files
+
+    if not any(folder.glob("*.safetensors*")):
+        return "none in this folder (config only)"
+    files = weight_files(folder)
+    params = sum(math.prod(shape) for f in files
+                 for shape in safetensors_shapes(f, "re-download or re-save the model",
+                                                 TargetLoadError).values())
+    size = sum(f.stat().st_size for f in files)
+    count = f"{len(files)} files" if len(files) > 1 else files[0].name
+    return f"{params / 1e6:.1f}M parameters in {count}, {size / 2**20:.1f} MiB"
+
+
+def drafter_rows(path: str) -> list[tuple[str, object]]:
+    """What a drafter folder holds, and what to do with it (it is not a model to inspect)."""
+    import torch
+
+    from hyflash.models import pocket
+    from hyflash.models.drafter import Drafter, read_drafter_config
+
+    folder, cfg, meta = read_drafter_config(path)
+    training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
+    target = str(training.get("target", "T"))
+    if target == str(pocket.HERE / "model"):
+        target = "pocket"
+    grows = "fixed, any context" if cfg.arch == "hyflash" else "its window is the whole context"
+    with torch.device("meta"):  # sizes only: no weights, no embedding table
+        drafter = Drafter(cfg, torch.nn.Embedding(1, 1), torch.nn.Linear(1, 1))
+    kib = {}
+    for layout in ("kv", "features"):
+        drafter.window_cache = layout
+        kib[layout] = drafter.state_bytes() / 2**10
+    memory = "none (window = the whole context)" if cfg.arch == "full" else cfg.memory
+    return [
+        ("folder", str(folder)),
+        ("what", f"a hyflash drafter (not a model): inspect its target, or export the pair "
+                 f"with `hyflash export --target {target} --drafter {path} --out BUNDLE`"),
+        ("architecture", f"{cfg.arch}, memory {memory}"),
+        ("layers / heads / hidden", f"{cfg.num_layers} / {cfg.num_heads} / {cfg.hidden_size}"),
+        ("block size", f"{cfg.block_size} (drafts {cfg.block_size - 1} tokens per call)"),
+        ("window", f"{cfg.window} context features"),
+        ("tap layers -> feature size", f"{list(cfg.tap_layers)} -> {cfg.feature_size}"),
+        ("trained for target", f"{target} (vocabulary {cfg.vocab_size}, context "
+                               f"{cfg.max_seq_len})"),
+        ("draft-side state, fp32", f"{kib['kv']:.0f} KiB (--window-cache kv), "
+                                   f"{kib['features']:.0f} KiB (features); {grows}"),
+    ]
 
 
 # ------------------------------------------------------------------------- demo
@@ -101,15 +191,58 @@ def inspect_run(args: argparse.Namespace) -> int:
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
 
 
+def demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=threads, default=DEFAULT_THREADS,
+                   help=f"torch CPU threads (default {DEFAULT_THREADS}: the pocket model is too "
+                        "small to gain from more)")
+
+
 def demo_run(args: argparse.Namespace) -> int:
     """Speculative decoding on the embedded pocket model with its shipped HyFlash drafter,
     offline. The full end-to-end demo (export, simulate, budget) lands with its issue."""
     print("HyFlash demo: the pocket code model + its HyFlash drafter, torch runtime, greedy\n")
     code = main(["generate", "--target", "pocket", "--drafter", "pocket", "--prompt",
-                 DEMO_PROMPT, "--max-new-tokens", "96"])
+                 DEMO_PROMPT, "--max-new-tokens", "96", "--threads", str(args.threads)])
     print("\nNext: hyflash export --target pocket --drafter pocket --backend onnx --quant int4 "
           "--out bundles/pocket-int4\n      hyflash simulate bundles/pocket-int4")
     return code
+
+
+# ------------------------------------------------------- commands not built yet
+
+def bench_args(p: argparse.ArgumentParser) -> None:
+    """The arguments `hyflash bench` will take (issue #16), parsed already."""
+    p.add_argument("--suite", default="standard", metavar="NAME",
+                   help="which benchmark suite to run (default standard)")
+    p.add_argument("--quick", action="store_true", help="the small suite the tests run")
+    p.add_argument("--target", metavar="PATH_OR_HUB_ID", help="a model to benchmark")
+    p.add_argument("--drafter", metavar="DIR", help="its drafter")
+    p.add_argument("--runs", type=positive_int, default=3, help="runs per configuration; "
+                                                               "the median is reported")
+    p.add_argument("--threads", type=threads, default=2, help="CPU threads (default 2)")
+    p.add_argument("--out", metavar="DIR", default="benchmarks/results",
+                   help="where the Markdown and PNG results go")
+
+
+def budget_args(p: argparse.ArgumentParser) -> None:
+    """The arguments `hyflash budget` will take (issue #13), parsed already."""
+    p.add_argument("source", nargs="?", metavar="SOURCE",
+                   help="a bundle, a model folder or config.json, a hub id, a .gguf file or a "
+                        "preset name")
+    p.add_argument("--device", action="append", metavar="NAME",
+                   help="device profile to check against (repeatable)")
+    p.add_argument("--context", type=positive_int, metavar="TOKENS", help="context length")
+    p.add_argument("--quant", choices=("fp32", "fp16", "int8", "int4", "8da4w"),
+                   help="weight quantization recipe")
+    p.add_argument("--drafter", metavar="DIR_OR_ARCH", help="a drafter folder, or hyflash / "
+                                                            "full for a sized estimate")
+    p.add_argument("--explain", action="store_true", help="print the formulas")
+    p.add_argument("--sweep-context", action="store_true",
+                   help="plot memory against context")
+    p.add_argument("--measure", action="store_true",
+                   help="run the bundle and compare the estimate with measured memory")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--out", metavar="DIR", help="where plots and reports go")
 
 
 # ------------------------------------------------------------------------ table
@@ -138,12 +271,14 @@ COMMANDS: dict[str, Command] = {
     "bench": Command(
         "benchmark speculative vs plain decoding",
         "Measure tokens/s, tau and memory over a prompt set, side by side in one process.",
-        lambda p: None, not_yet("hyflash bench", 6)),
+        bench_args, not_yet("hyflash bench", 16, "use `hyflash simulate BUNDLE` or the "
+                                                "scripts in benchmarks/")),
     "budget": Command(
         "size the on-device memory budget against device profiles",
         "Add up weights, KV cache, drafter state and runtime overhead for a bundle and "
         "compare them with real device profiles.",
-        lambda p: None, not_yet("hyflash budget")),
+        budget_args, not_yet("hyflash budget", 13, "`hyflash inspect` gives a model's KV "
+                                                   "cache and a drafter's state bytes")),
     "inspect": Command(
         "describe a model folder or an exported bundle",
         "Print what HyFlash reads from a Hugging Face model folder (architecture, sizes, "
@@ -153,7 +288,7 @@ COMMANDS: dict[str, Command] = {
         "run the end-to-end demo on the embedded pocket model",
         "Generate with the shipped pocket model and its HyFlash drafter, fully offline, and "
         "print the speculative decoding stats.",
-        lambda p: None, demo_run),
+        demo_args, demo_run),
 }
 
 

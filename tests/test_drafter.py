@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from hyflash.errors import HyflashError
-from hyflash.models.drafter import Drafter, DrafterConfig, load_drafter
+from hyflash.models.drafter import (
+    Drafter,
+    DrafterConfig,
+    check_drafter_context,
+    check_drafter_fits,
+    load_drafter,
+    read_drafter_config,
+)
 from hyflash.models.target import Target, TargetConfig
 
 
@@ -132,6 +139,78 @@ def test_save_load_roundtrip_and_target_mismatch(tmp_path):
         load_drafter(tmp_path / "d", other)
     with pytest.raises(HyflashError, match="no drafter at"):
         load_drafter(tmp_path / "nothing", target)
+
+
+def damage_drafter(folder, how):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    cfg, weights = folder / "config.json", folder / "model.safetensors"
+    meta = json.loads(cfg.read_text())
+    if how == "config not JSON":
+        cfg.write_text("{oops")
+    elif how == "config a list":
+        cfg.write_text("[1]")
+    elif how == "a model's config":
+        cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
+    elif how == "config lacks vocab_size":
+        del meta["config"]["vocab_size"]
+        cfg.write_text(json.dumps(meta))
+    elif how == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:-100])
+    elif how == "garbage weights":
+        weights.write_bytes(b"\x00garbage" * 100)
+    elif how == "missing tensor":
+        save_file({k: v for k, v in load_file(weights).items() if k != "fc.weight"}, weights)
+    elif how == "wrong shape":
+        save_file({**load_file(weights), "fc.weight": torch.zeros(3, 3)}, weights)
+
+
+@pytest.mark.parametrize("how,message", [
+    ("config not JSON", r"config.json is not valid JSON \(.*\): pass a drafter folder written"),
+    ("config a list", "config.json holds a JSON list, not an object: pass a drafter folder"),
+    ("a model's config", "is not a hyflash drafter config .a model's config: pass that folder "
+                         "as --target"),
+    ("config lacks vocab_size", "holds no usable drafter config .*'vocab_size'"),
+    ("truncated weights", "model.safetensors is truncated or corrupt .*incomplete metadata"),
+    ("garbage weights", "model.safetensors is truncated or corrupt"),
+    ("missing tensor", r"missing \['fc.weight'\]"),
+    ("wrong shape", r"weight fc.weight in .* has shape \[3, 3\], but the config says \[32, 64\]"),
+])
+def test_a_damaged_drafter_folder_is_one_error_naming_the_file(tmp_path, how, message):
+    target = tiny_target()
+    make_drafter(target, window=8, block_size=4).save(tmp_path / "d")
+    damage_drafter(tmp_path / "d", how)
+    with pytest.raises(HyflashError, match=message):
+        load_drafter(tmp_path / "d", target)
+
+
+def test_a_drafter_for_a_target_of_another_depth_is_refused(tmp_path):
+    """Same vocabulary, hidden size and feature size, but other tap layers: its features
+    would come from other layers than the drafter learned on."""
+    five = tiny_target().cfg.to_dict() | {"num_hidden_layers": 5, "tap_layers": ()}
+    target = Target(TargetConfig(**five))  # taps (1, 2, 3)
+    make_drafter(target, window=8, block_size=4).save(tmp_path / "d")
+    deeper = TargetConfig(**five | {"num_hidden_layers": 6})  # taps (1, 2, 4)
+    assert deeper.feature_size == target.cfg.feature_size
+    folder, cfg, _ = read_drafter_config(tmp_path / "d")
+    with pytest.raises(HyflashError, match=r"its tap layers are \[1, 2, 3\], this 6-layer "
+                                           r"target's are \[1, 2, 4\]"):
+        check_drafter_fits(cfg, deeper, folder)
+
+
+def test_the_context_must_hold_the_window_and_a_block(tmp_path):
+    target = tiny_target(max_seq_len=64)
+    cfg = make_drafter(target, window=8, block_size=4).cfg
+    check_drafter_context(cfg, 12, tmp_path)
+    with pytest.raises(HyflashError, match=r"window \(8\) and one block \(4\) need 12; pass "
+                                           "--max-seq-len >= 12"):
+        check_drafter_context(cfg, 11, tmp_path)
+    full = make_drafter(target, "full", block_size=4).cfg  # window = the whole 64
+    check_drafter_context(full, 5, tmp_path)
+    with pytest.raises(HyflashError, match="sees 64 tokens; a context of 65 would drop older"):
+        check_drafter_context(full, 65, tmp_path)
 
 
 def test_bad_config_is_rejected():

@@ -9,8 +9,8 @@ import pytest
 from onnx_pairs import tiny_pair
 
 import hyflash.export.bundle as bundle_mod
+from hyflash.bundle import MANIFEST, read_bundle, seal
 from hyflash.cli import main
-from hyflash.export.manifest import MANIFEST
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_export_writes_a_complete_bundle_and_leaves_nothing_behind(exported, cap
     folder, _, out = exported
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["quantization"]["recipe"] == "int4"
-    assert manifest["quantization"]["target"]["tool"].endswith("MatMulNBitsQuantizer")
+    assert manifest["quantization"]["graphs"]["target"]["tool"].endswith("MatMulNBitsQuantizer")
     assert set(manifest["tokenizer"]["files"]) >= {"tokenizer.json"}
     leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []
@@ -49,7 +49,7 @@ def test_inspect_prints_a_bundle_and_still_describes_model_folders(exported, cap
     folder, _, out = exported
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
-    for needle in ("format 1", "int4", "window cache kv", "window_k [1, 16, 32] float32",
+    for needle in ("format 2", "int4", "window cache kv", "window_k [1, 16, 32] float32",
                    "past_key_values.*.key[1, 2, 'past_sequence_length', 8]",
                    "drafter_step (drafter.onnx", "tokenizer.json", "B/token"):
         assert needle in text, needle
@@ -103,15 +103,14 @@ def test_simulate_reports_acceptance_speed_and_memory(exported, capsys, tmp_path
     text = capsys.readouterr().out
     for row in ("tau (tokens per verify)", "acceptance by position", "tokens/s plain",
                 "speedup", "ms per drafter call", "ms per verify call", "peak RSS",
-                "draft-side state", "3/3 prompts identical"):
+                "draft-side memory", "fixed state", "commit buffer", "3/3 prompts identical"):
         assert row in text, row
     data = json.loads((report / "report.json").read_text())
     s = data["summary"]
     assert len(data["prompts"]) == 3 and all(p["identical"] for p in data["prompts"])
     assert len(s["acceptance_by_position"]) == 3  # B - 1 positions
     assert s["tau"] >= 1 and s["speedup"] > 0 and s["ms_per_verify_call"] > 0
-    assert s["draft_state_fixed_bytes"] == json.loads((out / MANIFEST).read_text())[
-        "state_bytes"]
+    assert s["draft_state_fixed_bytes"] == read_bundle(out).manifest.state_bytes
     assert (report / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (report / "report.txt").read_text().startswith("bundle")
 
@@ -139,8 +138,11 @@ def damaged(out, tmp_path, how):
             f.write(bytes([byte[0] ^ 0xFF]))
     elif how == "newer":
         manifest["format_version"] = 99
-    elif how == "other-target":
+    elif how == "edited":
+        manifest["drafter"]["config"]["block_size"] = 8
+    elif how == "other-target":  # as if assembled from two exports: the hash is right
         manifest["drafter"]["config"]["vocab_size"] = 50
+        manifest = seal(manifest)
     (bad / MANIFEST).write_text(json.dumps(manifest))
     return bad
 
@@ -149,6 +151,7 @@ def damaged(out, tmp_path, how):
     ("missing", ["missing drafter.onnx", "hyflash export"]),
     ("corrupted", ["model.onnx is corrupted", "sha256"]),
     ("newer", ["format version 99", "upgrade hyflash"]),
+    ("edited", ["manifest.json was edited after export", "re-export"]),
     ("other-target", ["trained for another target", "vocab size is 50"]),
 ])
 @pytest.mark.parametrize("command", ["inspect", "simulate"])
@@ -196,5 +199,110 @@ def test_generate_runs_a_drafter_or_a_bundle_and_stays_lossless(exported, capsys
 def test_generate_bundle_excludes_target_and_drafter(exported, capsys):
     folder, _, bundle = exported
     one_line_error(capsys, ["generate", "--bundle", str(bundle), "--target", str(folder),
-                            "--prompt", "w1"], "--bundle already holds")
+                            "--prompt", "w1"], "--bundle already fixes the target")
 
+
+
+# ------------------------------------------------- bad input, refused before the work
+
+def refuse_to_export(monkeypatch):
+    def export(*args, **kw):
+        raise AssertionError("export ran: the pair should have been refused first")
+
+    monkeypatch.setattr(bundle_mod, "export_onnx_bundle", export)
+
+
+def test_export_refuses_a_context_below_the_drafters_window_before_exporting(
+        exported, capsys, tmp_path, monkeypatch):
+    folder, drafter, _ = exported  # window 16, block 4
+    refuse_to_export(monkeypatch)
+    out = tmp_path / "b"
+    one_line_error(capsys, ["export", "--target", str(folder), "--drafter", str(drafter),
+                            "--out", str(out), "--max-seq-len", "19"],
+                   "window (16) and one block (4) need 20; pass --max-seq-len >= 20")
+    one_line_error(capsys, ["export", "--target", str(folder), "--drafter", str(drafter),
+                            "--out", str(out), "--max-seq-len", "100000"],
+                   "100000 tokens is above the 128 the model supports")
+    assert not out.exists()
+
+
+def test_export_refuses_a_drafter_trained_for_a_target_of_another_depth(exported, capsys,
+                                                                        tmp_path, monkeypatch):
+    """Same vocabulary and hidden size, so the drafter's features would fit in size, but
+    they would come from other layers: export must not re-tap the target to suit it."""
+    import transformers
+
+    folder, drafter, _ = exported  # a 3-layer target: taps [0, 1, 2]
+    deeper = tmp_path / "deeper"
+    cfg = transformers.AutoConfig.from_pretrained(folder)
+    cfg.num_hidden_layers = 5  # taps [1, 2, 3]
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(deeper)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(folder / name, deeper / name)
+    refuse_to_export(monkeypatch)
+    one_line_error(capsys, ["export", "--target", str(deeper), "--drafter", str(drafter),
+                            "--out", str(tmp_path / "b")],
+                   "trained for another target: its tap layers are [0, 1, 2], this 5-layer "
+                   "target's are [1, 2, 3]")
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("latin1.txt", "café déjà vu\n".encode("latin-1"), "is not UTF-8 text"),
+    ("binary.bin", bytes(range(256)) * 4, "is a binary file, not prompts"),
+    ("null.jsonl", b'{"prompt": "w1 w2"}\nnull\n', "line 2 holds null, not a prompt"),
+    ("nofield.jsonl", b'{"prompt": "w1"}\n{"text": "w2"}\n', 'line 2 has no "prompt" field'),
+    ("number.jsonl", b'"w1"\n5\n', "line 2 holds 5, not a prompt"),
+    ("blank.jsonl", b'{"prompt": "  "}\n', "line 1 holds an empty prompt"),
+    ("empty.txt", b"", "holds no prompts (it is empty)"),
+    ("empty.jsonl", b"\n\n", "holds no prompts (it is empty)"),
+    ("dashes.txt", b"\n---\n\n---\n", "holds no prompts: write at least one"),
+])
+def test_simulate_a_bad_prompts_file_is_one_line(exported, capsys, tmp_path, name, content,
+                                                 needle):
+    _, _, out = exported
+    prompts = tmp_path / name
+    prompts.write_bytes(content)
+    one_line_error(capsys, ["simulate", str(out), "--prompts", str(prompts), "--no-progress"],
+                   str(prompts), needle)
+
+
+def test_simulate_refuses_flags_that_do_not_apply_and_an_out_that_is_a_file(exported, capsys,
+                                                                           tmp_path):
+    _, _, out = exported
+    one_line_error(capsys, ["simulate", str(out), "--seed", "3"],
+                   "--seed applies to sampling, and --temperature 0 decodes greedily")
+    mine = tmp_path / "notes.txt"
+    mine.write_text("precious")
+    one_line_error(capsys, ["simulate", str(out), "--out", str(mine)],
+                   f"--out {mine} is a file: pass a folder for the report")
+    assert mine.read_text() == "precious"
+
+
+def test_simulate_caps_absurd_threads_at_the_cores_and_runs(exported, capsys, tmp_path):
+    from hyflash.argtypes import machine_cores
+
+    _, _, out = exported
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w3 w14 w15 w9\n")
+    assert main(["simulate", str(out), "--prompts", str(prompts), "--max-new-tokens", "4",
+                 "--threads", "1000", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"note: --threads 1000 capped at {machine_cores()}" in captured.err
+    assert "1/1 prompts identical" in captured.out
+
+
+def test_the_bundle_runs_the_optimum_generate_idiom(exported):
+    """The source tokenizer returns token_type_ids (a bare PreTrainedTokenizerFast does);
+    the bundle's copy returns only what its target graph takes."""
+    from optimum.onnxruntime import ORTModelForCausalLM
+    from transformers import AutoTokenizer
+
+    folder, _, out = exported
+    assert "token_type_ids" in AutoTokenizer.from_pretrained(folder)("w1 w2")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    inputs = tokenizer("w3 w14 w15", return_tensors="pt")
+    assert set(inputs) == {"input_ids", "attention_mask"}
+    ids = ORTModelForCausalLM.from_pretrained(out).generate(**inputs, max_new_tokens=4,
+                                                             do_sample=False)
+    assert ids.shape[1] == 3 + 4

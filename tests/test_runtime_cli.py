@@ -1,6 +1,7 @@
 """`hyflash generate`: streams the target's text, prints the stats table, and turns bad
 input into one line."""
 
+import cli_checks
 import pytest
 import torch
 import transformers
@@ -8,7 +9,14 @@ import transformers
 from hyflash.cli import main
 from hyflash.models.target import Target
 
+
+def exit_2(capsys, argv, *needles):
+    """generate's errors come before anything is echoed."""
+    return cli_checks.exit_2(capsys, argv, *needles, quiet_stdout=True)
+
+
 torch.set_num_threads(1)  # tiny model; threads only add overhead on a busy machine
+
 
 def greedy_reference(folder, prompt_ids, n):
     model = Target.from_pretrained(folder)
@@ -32,9 +40,11 @@ def test_generate_no_draft_streams_the_targets_greedy_text_and_prints_stats(mode
     text = tokenizer.decode(want, skip_special_tokens=True)
     assert out.startswith(prompt + " " + text)
     for row in ("stop reason", "tau (tokens per verify)", "1.00", "target calls",
-                "drafting", "verifying", "overhead", "tokens/s", "peak RSS"):
+                "drafting", "decoding", "overhead", "tokens/s", "peak RSS"):
         assert row in out
     assert f"4 / {len(want)}" in out
+    # plain decoding verifies nothing: its target calls after the prefill are decodes
+    assert f"{len(want)} (1 prefill + {len(want) - 1} decode)" in out and "verifying" not in out
 
 
 def test_generate_samples_reproducibly(model_folder, capsys):
@@ -74,9 +84,7 @@ def test_generate_with_a_folder_that_is_no_drafter_is_one_line(model_folder, cap
     (["--prompt", "w1", "--top-p", "0"], "top-p"),
 ])
 def test_generate_bad_input_is_one_line(model_folder, capsys, argv, message):
-    assert main(["generate", "--target", str(model_folder), "--no-draft", *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    exit_2(capsys, ["generate", "--target", str(model_folder), "--no-draft", *argv], message)
 
 
 def test_generate_without_tokenizer_is_one_line(tmp_path, model_folder, capsys):
@@ -85,3 +93,76 @@ def test_generate_without_tokenizer_is_one_line(tmp_path, model_folder, capsys):
     assert main(["generate", "--target", str(tmp_path), "--prompt", "w1", "--no-draft"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tokenizer" in err
+
+
+@pytest.fixture(scope="module")
+def drafter_folder(model_folder, tmp_path_factory):
+    """An untrained drafter for the tiny model (window 16, block 4): enough to load."""
+    from hyflash.models.drafter import Drafter
+
+    folder = tmp_path_factory.mktemp("drafter")
+    torch.manual_seed(0)
+    Drafter.for_target(Target.from_pretrained(model_folder), num_layers=1, num_heads=4,
+                       block_size=4, window=16).save(folder)
+    return folder
+
+
+def test_generate_checks_the_prompt_against_the_context_before_echoing_it(model_folder,
+                                                                          capsys):
+    prompt = " ".join(f"w{i % 40 + 2}" for i in range(300))
+    exit_2(capsys, ["generate", "--target", str(model_folder), "--no-draft", "--prompt", prompt,
+                    "--max-seq-len", "32"], "prompt of 300 tokens leaves no room", "32 tokens")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--bundle", "B", "--max-seq-len", "64"],
+     "--bundle already fixes the target, drafter and context: drop --max-seq-len"),
+    (["--bundle", "B", "--target", "T"], "drop --target"),
+    (["--target", "T", "--no-draft", "--drafter", "D"], "exactly one of --drafter DIR or"),
+    (["--target", "T", "--no-draft", "--top-k", "5"],
+     "--top-k applies to sampling, and --temperature 0 decodes greedily"),
+    (["--target", "T", "--no-draft", "--top-p", "0.9", "--seed", "3"],
+     "--top-p and --seed apply to sampling"),
+])
+def test_generate_refuses_flags_that_do_not_apply_to_its_mode(capsys, argv, needle):
+    exit_2(capsys, ["generate", "--prompt", "w1", *argv], needle)
+
+
+def test_generate_refuses_a_context_too_small_for_the_drafters_window(model_folder,
+                                                                     drafter_folder, capsys):
+    base = ["generate", "--target", str(model_folder), "--drafter", str(drafter_folder),
+            "--prompt", "w1 w2", "--max-new-tokens", "4"]
+    exit_2(capsys, base + ["--max-seq-len", "19"], "window (16) and one block (4) need 20")
+    assert main(base + ["--max-seq-len", "20"]) == 0
+
+
+def test_generate_sets_the_threads_it_is_given(model_folder, capsys):
+    from hyflash.argtypes import machine_cores
+
+    try:
+        assert main(["generate", "--target", str(model_folder), "--no-draft", "--prompt", "w1",
+                     "--max-new-tokens", "2", "--threads", "2"]) == 0
+        assert torch.get_num_threads() == min(2, machine_cores())
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_tokenizer_leaves_length_checks_to_us_without_a_warning(capfd):
+    from hyflash.models import pocket
+    from hyflash.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(pocket.path())
+    assert len(tokenizer("x = 1\n" * 1000).input_ids) > 2048  # the model's context
+    assert "Token indices sequence length" not in capfd.readouterr().err
+
+
+def test_the_pocket_model_runs_the_transformers_generate_idiom():
+    """tokenizer(text) returns only what the model takes (no token_type_ids)."""
+    from hyflash.models import pocket
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(pocket.path())
+    model = transformers.AutoModelForCausalLM.from_pretrained(pocket.path())
+    inputs = tokenizer("def read(path):", return_tensors="pt")
+    assert set(inputs) == {"input_ids", "attention_mask"}
+    out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 4

@@ -230,3 +230,81 @@ def test_prefill_equals_cached_forward_and_fills_the_cache(pair):
     torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(feats, ref_feats, atol=1e-5, rtol=0)
     torch.testing.assert_close(ours(prompt(3, seed=4), 25)[0], ref_next, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------ damaged model folders
+
+def damage_config(folder, how):
+    f = folder / "config.json"
+    cfg = json.loads(f.read_text())
+    if how == "not JSON":
+        f.write_text("{not json")
+    elif how == "a list":
+        f.write_text("[1, 2]")
+    elif how == "no hidden_size":
+        del cfg["hidden_size"]
+        f.write_text(json.dumps(cfg))
+    elif how == "zero layers":
+        f.write_text(json.dumps({**cfg, "num_hidden_layers": 0}))
+    elif how == "a drafter's":
+        f.write_text(json.dumps({"format_version": 1, "config": {"block_size": 8}}))
+
+
+@pytest.mark.parametrize("how,message", [
+    ("not JSON", r"config.json is not valid JSON \(.*line 1 column 2\): restore it"),
+    ("a list", "config.json holds a JSON list, not an object: restore it"),
+    ("no hidden_size", "config.json lacks hidden_size: not a complete model config"),
+    ("zero layers", "config.json has num_hidden_layers = 0, not a whole number >= 1"),
+    ("a drafter's", "is a hyflash drafter, not a model: pass it as --drafter"),
+])
+def test_a_damaged_config_json_is_one_error_naming_the_file(tmp_path, how, message):
+    _, folder = make_hf("llama-untied", tmp_path)
+    damage_config(folder, how)
+    with pytest.raises(TargetLoadError, match=message):
+        Target.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("how,problem", [
+    ("truncated", "incomplete metadata, file not fully covered"),
+    ("garbage", "Error while deserializing header"),
+])
+def test_a_truncated_or_garbage_safetensors_file_is_one_error(tmp_path, how, problem):
+    _, folder = make_hf("llama-untied", tmp_path)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if how == "truncated" else b"<html>404</html>" * 64)
+    with pytest.raises(TargetLoadError, match=f"model.safetensors is truncated or corrupt "
+                                              f"\\(.*{problem}.*\\): re-download"):
+        Target.from_pretrained(folder)
+
+
+def test_a_missing_or_misshapen_weight_is_one_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _, folder = make_hf("llama-untied", tmp_path)
+    weights = folder / "model.safetensors"
+    state = load_file(weights)
+    save_file({k: v for k, v in state.items() if "layers.2.mlp.up_proj" not in k}, weights)
+    with pytest.raises(TargetLoadError, match=r"missing \['layers.2.mlp.up_proj.weight'\]"):
+        Target.from_pretrained(folder)
+    state["model.norm.weight"] = torch.ones(3)
+    save_file(state, weights)
+    with pytest.raises(TargetLoadError, match=r"weight norm.weight .* has shape \[3\], but the "
+                                              r"config says \[64\]"):
+        Target.from_pretrained(folder)
+
+
+def test_max_seq_len_is_at_least_one_and_at_most_what_the_model_supports(tmp_path):
+    _, folder = make_hf("llama-untied", tmp_path)  # max_position_embeddings 256
+    assert Target.from_pretrained(folder).cfg.max_seq_len == 256
+    assert Target.from_pretrained(folder, max_seq_len=100).cfg.max_seq_len == 100
+    with pytest.raises(TargetLoadError, match="max_seq_len must be >= 1, got 0"):
+        Target.from_pretrained(folder, max_seq_len=0)
+    with pytest.raises(TargetLoadError, match="100000 tokens is above the 256 the model supports "
+                                              r"\(its max_position_embeddings\)"):
+        Target.from_pretrained(folder, max_seq_len=100000)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "sliding_window": 64}))
+    assert Target.from_pretrained(folder).cfg.max_seq_len == 64  # the default fits the window
+    with pytest.raises(TargetLoadError, match=r"above the 64 the model supports \(its sliding"):
+        Target.from_pretrained(folder, max_seq_len=128)

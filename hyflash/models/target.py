@@ -16,7 +16,6 @@ Module names mirror Hugging Face's, so a checkpoint's state dict loads one to on
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,16 +24,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hyflash.errors import HyflashError
+from hyflash.models.folders import (
+    TargetLoadError,
+    check_shapes,
+    load_safetensors,
+    read_hf_config,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_SCALING = (None, "default", "llama3", "linear")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_MAX_SEQ_LEN = 4096
-
-
-class TargetLoadError(HyflashError):
-    """A model folder or config this module cannot load; the message says why and what to do."""
 
 
 @dataclass
@@ -99,14 +99,13 @@ class TargetConfig:
         if hf.get("mlp_bias"):
             raise TargetLoadError("unsupported mlp_bias=true: only bias-free MLPs")
         heads = hf["num_attention_heads"]
-        limit = max_seq_len or min(hf.get("max_position_embeddings", DEFAULT_MAX_SEQ_LEN),
-                                   DEFAULT_MAX_SEQ_LEN)
-        window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
-        if window and limit > window:
+        kv_heads = hf.get("num_key_value_heads") or heads
+        if heads % kv_heads or (not hf.get("head_dim") and hf["hidden_size"] % heads):
             raise TargetLoadError(
-                f"max_seq_len {limit} exceeds the model's sliding window {window}; "
-                f"pass max_seq_len <= {window}"
-            )
+                f"inconsistent config: {heads} attention heads over {kv_heads} kv heads and "
+                f"hidden size {hf['hidden_size']} do not divide; restore config.json from the "
+                "model's source")
+        limit = context_length(hf, max_seq_len)
         eos = hf.get("eos_token_id")
         eos = () if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,))
         return cls(
@@ -115,7 +114,7 @@ class TargetConfig:
             intermediate_size=hf["intermediate_size"],
             num_hidden_layers=hf["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=hf.get("num_key_value_heads") or heads,
+            num_key_value_heads=kv_heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
             max_seq_len=limit,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -129,6 +128,23 @@ class TargetConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos,
         )
+
+
+def context_length(hf: dict, max_seq_len: int | None) -> int:
+    """The static cache length: max_seq_len if given and the model supports it, else the
+    model's own limit (max_position_embeddings, sliding window) capped at 4096 tokens."""
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+    limits = [(hf.get("max_position_embeddings"), "max_position_embeddings"),
+              (window, "sliding window")]
+    if max_seq_len is None:
+        return min([DEFAULT_MAX_SEQ_LEN] + [n for n, _ in limits if n])
+    if max_seq_len < 1:
+        raise TargetLoadError(f"max_seq_len must be >= 1, got {max_seq_len}")
+    for n, what in limits:
+        if n and max_seq_len > n:
+            raise TargetLoadError(f"a context of {max_seq_len} tokens is above the {n} the model "
+                                  f"supports (its {what}): pass --max-seq-len <= {n}")
+    return max_seq_len
 
 
 def default_tap_layers(n_layers: int, k: int = 3) -> tuple[int, ...]:
@@ -290,32 +306,40 @@ class Target(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.cache_batch = 0
 
-    def setup_cache(self, batch: int = 1, dtype: torch.dtype | None = None) -> None:
-        """Allocate the static KV cache; forward then reads and writes it by position."""
+    def setup_cache(self, batch: int = 1, dtype: torch.dtype | None = None,
+                    max_len: int | None = None) -> None:
+        """Allocate the static KV cache; forward then reads and writes it by position.
+        max_len: positions it holds (default max_seq_len); every call attends over all of
+        them, so a batch that needs fewer (data generation) runs faster with fewer."""
         c = self.cfg
         dtype = dtype or self.embed_tokens.weight.dtype
+        length = max_len or c.max_seq_len
         for layer in self.layers:
-            layer.self_attn.kv_cache = KVCache(batch, c.num_key_value_heads, c.max_seq_len,
+            layer.self_attn.kv_cache = KVCache(batch, c.num_key_value_heads, length,
                                                c.head_dim, dtype)
-        self.cache_batch = batch
+        self.cache_batch, self.cache_len = batch, length
 
     def drop_cache(self) -> None:
         for layer in self.layers:
             layer.self_attn.kv_cache = None
         self.cache_batch = 0
 
-    def forward(self, tokens: torch.Tensor, start_pos: torch.Tensor | int = 0):
-        """tokens [B, T] at positions start_pos.. -> (logits [B, T, V], features [B, T, F])."""
+    def forward(self, tokens: torch.Tensor, start_pos: torch.Tensor | int = 0,
+                last_logits: bool = False):
+        """tokens [B, T] at positions start_pos.. -> (logits [B, T, V], features [B, T, F]);
+        last_logits: logits of the last position only ([B, 1, V]), for callers that only
+        pick the next token (the LM head over T positions is a fifth of a long prefill)."""
         t = tokens.shape[1]
         start = torch.as_tensor(start_pos, dtype=torch.long).reshape(())
         pos = start + torch.arange(t, dtype=torch.long)
         cos, sin = self.rope_cos[pos], self.rope_sin[pos]
         if self.cache_batch:
-            keys = torch.arange(self.cfg.max_seq_len, dtype=torch.long)
+            keys = torch.arange(self.cache_len, dtype=torch.long)
         else:
             keys = pos
         mask = keys[None, :] <= pos[:, None]
-        logits, features, _ = self.run_layers(tokens, cos, sin, pos, mask)
+        logits, features, _ = self.run_layers(tokens, cos, sin, pos, mask,
+                                              last_logits=last_logits)
         return logits, features
 
     def prefill(self, tokens: torch.Tensor):
@@ -343,7 +367,8 @@ class Target(nn.Module):
             mask = mask & attention_mask[0].bool()[None, :]
         return self.run_layers(input_ids, cos, sin, pos, mask, past)
 
-    def run_layers(self, tokens, cos, sin, pos, mask, past=None, fresh=False):
+    def run_layers(self, tokens, cos, sin, pos, mask, past=None, fresh=False,
+                   last_logits=False):
         x = self.embed_tokens(tokens)
         taps, presents = [], []
         for i, layer in enumerate(self.layers):
@@ -352,7 +377,7 @@ class Target(nn.Module):
             presents.append(present)
             if i in self.cfg.tap_layers:
                 taps.append(x)
-        logits = self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x[:, -1:] if last_logits else x))
         return logits, torch.cat(taps, dim=-1), presents
 
     # ------------------------------------------------------------------ loading
@@ -373,13 +398,16 @@ class Target(nn.Module):
         state = {k.removeprefix("model."): v for k, v in state.items()}
         if cfg.tie_word_embeddings:
             state.pop("lm_head.weight", None)
+        check_shapes(model, state, folder, "the config and the weights come from "
+                     "different models: restore config.json", TargetLoadError)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
         unexpected = [k for k in unexpected if "rotary_emb" not in k]
         if missing or unexpected:
             raise TargetLoadError(
                 f"weights in {folder} do not match a {cfg.model_type} model: "
-                f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+                f"missing {missing[:3]}, unexpected {unexpected[:3]}; the weights are "
+                "incomplete or from another model: re-download or re-save the model"
             )
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
@@ -393,7 +421,8 @@ class Target(nn.Module):
 
 
 def resolve_model_folder(path_or_id: str | Path) -> Path:
-    """A local folder, the keyword ``pocket`` (the embedded model), or a hub id."""
+    """A local folder, a ``.gguf`` file (converted once into a cached folder), the keyword
+    ``pocket`` (the embedded model), or a hub id."""
     if str(path_or_id) == "pocket":
         from hyflash.models import pocket
 
@@ -401,9 +430,14 @@ def resolve_model_folder(path_or_id: str | Path) -> Path:
     p = Path(path_or_id)
     if p.is_dir():
         return p
+    if p.suffix.lower() == ".gguf":
+        from hyflash.models.gguf import gguf_folder
+
+        return gguf_folder(p)
     if p.exists() or str(path_or_id).startswith((".", "/", "~")) or str(path_or_id).count("/") != 1:
         raise TargetLoadError(f"no model folder at {path_or_id}: pass a Hugging Face model "
-                              "folder (config.json + *.safetensors) or a hub id like org/name")
+                              "folder (config.json + *.safetensors), a .gguf file or a hub id "
+                              "like org/name")
     try:
         from huggingface_hub import snapshot_download
 
@@ -413,30 +447,3 @@ def resolve_model_folder(path_or_id: str | Path) -> Path:
     except Exception as e:  # network, auth, missing repo: all end the same way for the user
         raise TargetLoadError(f"could not fetch hub model {path_or_id}: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from e
-
-
-def read_hf_config(folder: Path) -> dict:
-    f = folder / "config.json"
-    if not f.exists():
-        raise TargetLoadError(f"no config.json in {folder}: not a Hugging Face model folder")
-    return json.loads(f.read_text())
-
-
-def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
-    if not files:
-        raise TargetLoadError(f"no weights in {folder}: expected model.safetensors or a "
-                              "sharded model.safetensors.index.json (convert .bin with "
-                              "transformers' save_pretrained(safe_serialization=True))")
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        if not (folder / name).exists():
-            raise TargetLoadError(f"missing weight shard {name} in {folder}")
-        state.update(load_file(folder / name))
-    return state

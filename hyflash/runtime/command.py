@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from hyflash.argtypes import (
+    DEFAULT_THREADS,
+    nonneg_float,
+    nonneg_int,
+    positive_int,
+    threads,
+    unit_interval,
+)
 from hyflash.errors import HyflashError
 
 
@@ -19,45 +27,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--no-draft", action="store_true",
                      help="plain autoregressive decoding through the same engine (baseline)")
     p.add_argument("--prompt", required=True, help="the prompt text")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
-    p.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-seq-len", type=int, default=None,
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=nonneg_int, default=None,
+                   help="sampling only: keep the k likeliest tokens (default 0 = off)")
+    p.add_argument("--top-p", type=unit_interval, default=None,
+                   help="sampling only: nucleus mass in (0, 1] (default 1 = off)")
+    p.add_argument("--seed", type=nonneg_int, default=None, help="sampling only (default 0)")
+    p.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="static KV cache length for --target (default: the model's, capped "
-                        "at 4096)")
+                        "at 4096); a bundle's is fixed at export")
+    p.add_argument("--threads", type=threads, default=DEFAULT_THREADS,
+                   help=f"CPU threads of torch (--target) or ONNX Runtime (--bundle); default "
+                        f"{DEFAULT_THREADS}, the fastest for small models (README)")
+
+
+def check_modes(args: argparse.Namespace) -> None:
+    """Flags that would be silently ignored in the chosen mode are errors."""
+    if args.bundle:
+        given = [f for f, v in (("--target", args.target), ("--drafter", args.drafter),
+                                ("--max-seq-len", args.max_seq_len)) if v is not None]
+        if given:
+            raise HyflashError(f"--bundle already fixes the target, drafter and context: drop "
+                               f"{' and '.join(given)}")
+    elif not args.target:
+        raise HyflashError("nothing to run: pass --target (with --drafter or --no-draft) "
+                           "or --bundle")
+    elif bool(args.drafter) == bool(args.no_draft):
+        raise HyflashError("pass exactly one of --drafter DIR or --no-draft with --target")
+    sampling = [f for f, v in (("--top-k", args.top_k), ("--top-p", args.top_p),
+                               ("--seed", args.seed)) if v is not None]
+    if sampling and args.temperature == 0:
+        applies, them = ("apply", "them") if len(sampling) > 1 else ("applies", "it")
+        raise HyflashError(f"{' and '.join(sampling)} {applies} to sampling, and --temperature "
+                           f"0 decodes greedily: pass --temperature > 0 or drop {them}")
 
 
 def open_engine(args: argparse.Namespace):
     """-> (engine, tokenizer, eos ids) for the torch pair or the ONNX bundle asked for."""
+    import torch
+
     from hyflash.models.tokenizer import load_tokenizer
     from hyflash.runtime import SpeculativeEngine
 
+    check_modes(args)
+    torch.set_num_threads(args.threads)  # the engine's own tensor work, in both modes
     if args.bundle:
-        if args.target or args.drafter:
-            raise HyflashError("--bundle already holds the target and drafter: drop --target "
-                               "and --drafter")
         from hyflash.runtime.onnx_backend import load_onnx_pair
 
-        bundle, target, drafter = load_onnx_pair(args.bundle)
-        eos = set(bundle.manifest["target"]["config"]["eos_token_ids"])
+        bundle, target, drafter = load_onnx_pair(args.bundle, threads=args.threads)
+        eos = set(target.eos_token_ids)
         tokenizer = load_tokenizer(bundle.folder)
     else:
-        if not args.target:
-            raise HyflashError("nothing to run: pass --target (with --drafter or --no-draft) "
-                               "or --bundle")
-        if bool(args.drafter) == bool(args.no_draft):
-            raise HyflashError("pass exactly one of --drafter DIR or --no-draft with --target")
+        from hyflash.models.drafter import check_drafter_context
         from hyflash.models.target import Target, resolve_model_folder
         from hyflash.runtime import TorchTarget
         from hyflash.runtime.drafter_backend import load_torch_drafter
 
         folder = resolve_model_folder(args.target)
-        tokenizer = load_tokenizer(folder)
         model = Target.from_pretrained(folder, max_seq_len=args.max_seq_len)
+        tokenizer = load_tokenizer(folder)
         target = TorchTarget(model)
         drafter = load_torch_drafter(args.drafter, model) if args.drafter else None
+        if drafter is not None:
+            check_drafter_context(drafter.drafter.cfg, model.cfg.max_seq_len, args.drafter)
         eos = set(model.cfg.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
@@ -70,14 +103,22 @@ def run(args: argparse.Namespace) -> int:
 
     engine, tokenizer, eos = open_engine(args)
     prompt = tokenizer(args.prompt).input_ids
+    # stream() checks the prompt against the context before anything runs: a prompt that
+    # does not fit is one line of error, not echoed in full first
+    tokens = engine.stream(prompt, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, top_k=args.top_k or 0,
+                           top_p=args.top_p or 1.0, seed=args.seed or 0, eos_ids=eos)
     text = TextStream(tokenizer, prompt)
     print(args.prompt, end="", flush=True)
-    out = engine.generate(prompt, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          seed=args.seed, eos_ids=eos, on_token=text.push)
+    while True:
+        try:
+            text.push(next(tokens))
+        except StopIteration as done:
+            stats = done.value.stats
+            break
     text.flush()
     print("\n")
-    print(format_stats(out.stats))
+    print(format_stats(stats))
     return 0
 
 

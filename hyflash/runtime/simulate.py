@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hyflash.argtypes import DEFAULT_THREADS, nonneg_float, nonneg_int, positive_int, threads
 from hyflash.errors import HyflashError
 
 # Built-in prompts: Python code, what the embedded pocket model was trained on; one long
@@ -48,46 +49,73 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompts: .jsonl (one JSON string or {\"prompt\": ...} per line) or "
                         "text with prompts separated by lines holding only ---; default: "
                         "a few built-in Python code prompts")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0,
-                   help="ONNX Runtime intra-op threads (default 0 = all cores)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=nonneg_int, default=None, help="sampling only (default 0)")
+    p.add_argument("--threads", type=threads, default=DEFAULT_THREADS,
+                   help=f"ONNX Runtime intra-op threads (default {DEFAULT_THREADS}; more than the "
+                        "cores are capped)")
     p.add_argument("--out", metavar="REPORT_DIR",
                    help="also write report.json, report.txt and report.png here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+PROMPTS_FORMAT = "write one JSON string or {\"prompt\": \"...\"} per line"
+
+
 def read_prompts(path: str | None) -> list[str]:
+    """Prompts from a .jsonl file or from text separated by lines holding only ---; the
+    built-in ones without a file. A file that holds no usable prompt is an error."""
     if path is None:
         return list(DEFAULT_PROMPTS)
     f = Path(path)
     if not f.is_file():
         raise HyflashError(f"no prompts file at {f}: pass a .jsonl or text file")
-    text = f.read_text(encoding="utf-8")
+    data = f.read_bytes()
+    if b"\0" in data:
+        raise HyflashError(f"{f} is a binary file, not prompts: pass a .jsonl or UTF-8 text "
+                           "file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise HyflashError(f"{f} is not UTF-8 text (byte {e.start}): convert it to UTF-8, e.g. "
+                           f"iconv -t utf-8") from None
     if f.suffix == ".jsonl":
-        prompts = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HyflashError(f"{f} line {i} is not JSON ({e.msg}): write one JSON "
-                                   "string or {\"prompt\": ...} per line") from e
-            prompts.append(item["prompt"] if isinstance(item, dict) else str(item))
+        prompts = jsonl_prompts(f, text)
     else:
         prompts = [p.strip("\n") for p in text.split("\n---\n")]
     prompts = [p for p in prompts if p.strip()]
     if not prompts:
-        raise HyflashError(f"{f} holds no prompts")
+        raise HyflashError(f"{f} holds no prompts" + (" (it is empty)" if not text.strip()
+                                                       else "") + ": write at least one")
+    return prompts
+
+
+def jsonl_prompts(f: Path, text: str) -> list[str]:
+    prompts = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise HyflashError(f"{f} line {i} is not JSON ({e.msg}): {PROMPTS_FORMAT}") from None
+        if isinstance(item, dict):
+            if "prompt" not in item:
+                raise HyflashError(f"{f} line {i} has no \"prompt\" field: {PROMPTS_FORMAT}")
+            item = item["prompt"]
+        if not isinstance(item, str) or not item.strip():
+            what = "an empty prompt" if isinstance(item, str) else f"{json.dumps(item)[:20]}"
+            raise HyflashError(f"{f} line {i} holds {what}, not a prompt: {PROMPTS_FORMAT}")
+        prompts.append(item)
     return prompts
 
 
 def run(args: argparse.Namespace) -> int:
-    from hyflash.export.command import require_onnx_extra
+    from hyflash.extras import require_onnx_extra
 
     require_onnx_extra("hyflash simulate")
+    import torch
     from tqdm import tqdm
 
     from hyflash.models.tokenizer import load_tokenizer
@@ -95,9 +123,9 @@ def run(args: argparse.Namespace) -> int:
     from hyflash.runtime.onnx_backend import load_onnx_pair
     from hyflash.runtime.simulate_report import Report
 
-    if args.max_new_tokens < 1:
-        raise HyflashError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    check_args(args)
     prompts = read_prompts(args.prompts)
+    torch.set_num_threads(args.threads)  # the engine's own tensor work
     bundle, target, drafter = load_onnx_pair(args.bundle, threads=args.threads)
     tokenizer = load_tokenizer(bundle.folder)
     eos = set(target.eos_token_ids)
@@ -131,6 +159,16 @@ def run(args: argparse.Namespace) -> int:
         written = report.write(Path(args.out))
         print(f"\nreport written to {', '.join(str(w) for w in written)}")
     return 0
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Before the bundle loads: flags that do not apply, an --out that cannot be written."""
+    if args.seed is not None and args.temperature == 0:
+        raise HyflashError("--seed applies to sampling, and --temperature 0 decodes greedily: "
+                           "pass --temperature > 0 or drop --seed")
+    args.seed = args.seed or 0  # the report records the seed the engine used
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise HyflashError(f"--out {args.out} is a file: pass a folder for the report")
 
 
 def check_prompt(ids: list[int], i: int, context: int, room: int) -> None:
