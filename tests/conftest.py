@@ -28,3 +28,13 @@ def save_tiny_llama(folder, max_position_embeddings=64, seed=0):
 def model_folder(tmp_path_factory):
     """A tiny random Llama with a word-level tokenizer, saved as a Hugging Face folder."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def onnx_bundles(tmp_path_factory):
+    """The tiny ONNX pair (onnx_pairs.exported_pair): a target folder, trained drafters
+    and their bundles. Exports take ~10 s each, so every module that runs bundles shares
+    one set; tests must not modify these folders (copy a bundle to damage it)."""
+    from onnx_pairs import exported_pair
+
+    return exported_pair(tmp_path_factory.mktemp("onnx-pair"))

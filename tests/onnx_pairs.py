@@ -55,3 +55,24 @@ def tiny_pair(root: Path, archs=("hyflash", "full"), steps: int = 60) -> tuple[P
         d.save(root / f"drafter-{arch}")
         drafters[arch] = root / f"drafter-{arch}"
     return folder, drafters
+
+
+# bundle name -> (drafter arch, window cache); hyflash-features keeps fused features
+BUNDLES = {"hyflash": ("hyflash", "kv"), "full": ("full", "kv"),
+           "hyflash-features": ("hyflash", "features")}
+
+
+def exported_pair(root: Path) -> tuple[Path, dict, dict]:
+    """tiny_pair plus its ONNX bundles (one fp32 bundle per BUNDLES entry, int8 and int4
+    requantized from the hyflash one) -> (target folder, drafters, {name: bundle})."""
+    from hyflash.export.bundle import export_onnx_bundle, requantize_bundle
+
+    folder, drafters = tiny_pair(root)
+    bundles = {name: root / f"bundle-{name}" for name in BUNDLES}
+    for name, (arch, cache) in BUNDLES.items():
+        export_onnx_bundle(folder, drafters[arch], bundles[name], "fp32", progress=False,
+                           window_cache=cache)
+    for quant in ("int8", "int4"):
+        bundles[quant] = root / f"bundle-{quant}"
+        requantize_bundle(bundles["hyflash"], quant, bundles[quant])
+    return folder, drafters, bundles

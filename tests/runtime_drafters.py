@@ -6,9 +6,11 @@ They implement hyflash.runtime.DrafterBackend without being trained:
   greedy mode, so tau == B);
 - WrongDrafter proposes a first token guaranteed to differ from the target's greedy one
   (tau == 1);
-- RandomDrafter proposes seeded random logits (partial, unpredictable acceptance).
+- RandomDrafter proposes seeded random logits (partial, unpredictable acceptance);
+- BrokenDrafter writes NaN / inf into another drafter's logits;
+- Stopwatch wraps a target or drafter and times its calls with its own clock.
 
-All of them also check the engine's side of the contract: ``draft(anchor, pos)`` comes
+The first three also check the engine's side of the contract: ``draft(anchor, pos)`` comes
 only after the features of exactly ``x_0 .. x_{pos-1}`` were committed, and they record
 every committed feature row so a test can compare them with the target's own features
 of the final sequence (only verified features may reach a drafter).
@@ -22,6 +24,7 @@ proposal), and the test tells it the prompt.
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 
@@ -163,3 +166,66 @@ class RandomDrafter(ContractDrafter):
     def propose(self, anchor: int, pos: int) -> torch.Tensor:
         return self.scale * torch.randn(self.block_size - 1, self.vocab_size,
                                         generator=self.gen)
+
+
+class BrokenDrafter:
+    """Another drafter whose logits get a non-finite value written into some rows (and
+    columns): a drafter that overflowed in fp16, or a buggy graph. Everything else,
+    including the recorded commits, is the wrapped drafter's."""
+
+    def __init__(self, inner: ContractDrafter, value: float, rows=slice(None),
+                 cols=slice(None)):
+        self.inner, self.value, self.rows, self.cols = inner, value, rows, cols
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def commit(self, features: torch.Tensor) -> None:
+        self.inner.commit(features)
+
+    def draft(self, anchor: int, pos: int) -> torch.Tensor:
+        logits = self.inner.draft(anchor, pos).clone()
+        logits[self.rows, self.cols] = self.value
+        return logits
+
+
+class Stopwatch:
+    """Wraps a target or drafter: each call first sleeps a known time (so that every phase
+    is long against timer noise), and the wrapper times its own calls with its own clock,
+    per method; prefill (the first forward) apart from verify."""
+
+    SLEEP_S = 0.02
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.spent: dict[str, float] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def timed(self, method, *args):
+        t = time.perf_counter()
+        time.sleep(self.SLEEP_S)
+        out = getattr(self.inner, method)(*args)
+        if method == "forward" and "prefill" not in self.spent:
+            method = "prefill"
+        self.spent[method] = self.spent.get(method, 0.0) + time.perf_counter() - t
+        return out
+
+    def forward(self, tokens, start_pos):
+        return self.timed("forward", tokens, start_pos)
+
+    def rollback(self, pos):
+        return self.timed("rollback", pos)
+
+    def reset(self):
+        return self.timed("reset")
+
+    def commit(self, features):
+        return self.timed("commit", features)
+
+    def draft(self, anchor, pos):
+        return self.timed("draft", anchor, pos)

@@ -6,7 +6,10 @@ the features of a token exist only once the target has run it. One round:
 
 1. **draft**  - the anchor is the last committed token ``x_{n-1}`` at ``pos = n-1``. The
    drafter proposes ``d_1 .. d_r`` for positions ``pos+1 .. pos+r`` in one pass
-   (``r = B-1``, fewer only when the context is about to run out).
+   (``r = B-1``, fewer only when the context is about to run out). Only the leading
+   rows of its logits that are a distribution become drafts: a row with NaN, +inf or
+   nothing above -inf (say, an fp16 drafter that overflowed) proposes nothing, so the
+   verify pass takes the target's own token there and the output stays the target's.
 2. **verify** - ONE target pass over ``[anchor, d_1 .. d_r]`` at ``pos`` gives the target's
    logits for positions ``pos+1 .. pos+r+1`` and the features of the anchor and drafts.
 3. **accept** - greedy or rejection sampling (``verify.py``) keeps ``k`` drafts and adds
@@ -33,7 +36,7 @@ import torch
 
 from hyflash.errors import HyflashError
 from hyflash.runtime.backends import DrafterBackend, TargetBackend
-from hyflash.runtime.sampling import Sampling, sample
+from hyflash.runtime.sampling import Sampling, distribution_rows, sample
 from hyflash.runtime.stats import GenerationStats, peak_rss_mib
 from hyflash.runtime.verify import verify_greedy, verify_sampled
 
@@ -144,11 +147,8 @@ class SpeculativeEngine:
                 with clock("draft_s"):
                     draft_logits = self._check_draft(drafter.draft(anchor, pos))[:r]
                 stats.drafter_calls += 1
-                if sampling.greedy:
-                    drafts = draft_logits.argmax(-1)
-                else:
-                    q = sampling.probs(draft_logits)
-                    drafts = sample(q, generator)
+                q, drafts = self._propose(draft_logits, sampling, generator)
+                stats.dropped_draft_rows += r - drafts.numel()
 
             # verify: one target pass over [anchor, d_1..d_r] at pos
             with clock("verify_s"):
@@ -190,6 +190,17 @@ class SpeculativeEngine:
         if sampling.greedy:
             return int(logits[0].argmax())
         return int(sample(sampling.probs(logits), generator)[0])
+
+    @staticmethod
+    def _propose(logits: torch.Tensor, sampling: Sampling,
+                 generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The drafts (argmax, or a sample of the warped q) of the drafter's leading rows
+        that are a distribution; -> (q of those rows or None when greedy, drafts)."""
+        if sampling.greedy:
+            return None, logits[:distribution_rows(logits)].argmax(-1)
+        q = sampling.probs(logits)
+        q = q[:distribution_rows(q)]
+        return q, sample(q, generator)
 
     def _check_prompt(self, prompt: Sequence[int] | torch.Tensor) -> list[int]:
         ids = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).tolist()

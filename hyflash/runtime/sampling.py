@@ -4,6 +4,10 @@ Rejection sampling is lossless with respect to whatever distribution the target'
 logits are warped into, *provided* the drafter's logits go through exactly the same
 warp: ``Sampling.probs`` is that one function, applied to both p and q.
 Temperature 0 means greedy (argmax), where top-k and top-p change nothing.
+
+A drafter's logits are not trusted to be a distribution (an fp16 drafter can overflow):
+``distribution_rows`` says how many of its rows are one, and the engine drafts from
+those only.
 """
 
 from __future__ import annotations
@@ -52,3 +56,15 @@ class Sampling:
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of probs [N, V] -> LongTensor [N]."""
     return torch.multinomial(probs, 1, generator=generator).reshape(-1)
+
+
+def distribution_rows(x: torch.Tensor) -> int:
+    """How many rows of x [N, V] (logits, or probabilities from ``Sampling.probs``), from
+    the first, define a distribution: no NaN, no +inf, and some value above -inf.
+
+    A row that fails (NaN, +inf, or all -inf logits; NaN probabilities) proposes nothing,
+    and neither can the rows after it, since they were drafted as its continuation.
+    """
+    inf = float("inf")
+    ok = ~(x.isnan() | (x == inf)).any(-1) & (x > -inf).any(-1)
+    return int(ok.long().cumprod(0).sum())

@@ -23,6 +23,9 @@ class GenerationStats:
     last block. Plain decoding has tau == 1. ``position_accepted[i]`` over
     ``position_proposed[i]`` is the fraction of verify rounds that proposed draft position
     ``i+1`` in which it was accepted (position ``i+1`` is accepted only if ``1..i`` are).
+    ``dropped_draft_rows`` counts draft rows that were no distribution (NaN, +inf, all
+    -inf), or came after one in the same block: the engine proposed nothing there, and
+    the acceptance rates count them as proposed and rejected, so a broken drafter shows.
 
     Times are wall-clock seconds; time a streaming consumer spends between tokens is not
     counted. ``overhead_s`` is everything that is neither the prefill, the drafter, nor
@@ -36,6 +39,7 @@ class GenerationStats:
     target_calls: int = 0        # prefill + verify calls
     drafter_calls: int = 0       # draft calls (commits are counted in draft_s, not here)
     accepted_drafts: int = 0
+    dropped_draft_rows: int = 0  # rows of a broken drafter, never verified (see above)
     position_proposed: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
@@ -77,18 +81,20 @@ def format_stats(s: GenerationStats) -> str:
         return f"{1000 * x:8.1f} ms  {100 * x / s.total_s:5.1f} %" if s.total_s else "-"
 
     rates = " ".join("-" if math.isnan(r) else f"{r:.2f}" for r in s.acceptance_rates)
+    # plain decoding verifies nothing: its target calls after the prefill are decodes
+    step, phase = ("verify", "verifying") if s.block_size > 1 else ("decode", "decoding")
     rows = [
         ("stop reason", s.stop_reason),
         ("prompt / new tokens", f"{s.prompt_tokens} / {s.new_tokens}"),
         ("block size", s.block_size if s.block_size > 1 else "- (plain decoding)"),
         ("tau (tokens per verify)", "-" if math.isnan(s.tau) else f"{s.tau:.2f}"),
         ("acceptance by position", rates or "-"),
-        ("target calls", f"{s.target_calls} (1 prefill + {s.rounds} verify)"
+        ("target calls", f"{s.target_calls} (1 prefill + {s.rounds} {step})"
          if s.target_calls else "0"),
         ("drafter calls", s.drafter_calls),
         ("prefill", pct(s.prefill_s)),
         ("drafting", pct(s.draft_s)),
-        ("verifying", pct(s.verify_s)),
+        (phase, pct(s.verify_s)),
         ("overhead", pct(s.overhead_s)),
         ("total", f"{1000 * s.total_s:8.1f} ms"),
         ("tokens/s", "-" if math.isnan(s.tokens_per_s) else f"{s.tokens_per_s:.1f}"),

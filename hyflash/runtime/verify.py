@@ -12,6 +12,8 @@ after them. Either way every verify call commits ``k+1`` tokens, at least one.
   ``min(1, p_i(d_i) / q_i(d_i))``; on the first rejection resample from
   ``norm(max(0, p_i - q_i))``; if everything is accepted, draw the bonus from
   ``p_{r+1}``. Each committed token is then distributed exactly as the target's p.
+  Every row of q must be a distribution: the engine drafts only from rows that are
+  (``sampling.distribution_rows``), so a drafter's NaN never reaches ``p/q``.
 """
 
 from __future__ import annotations
