@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from hyflash.models.drafter import WINDOW_CACHES, Drafter, load_drafter
-from hyflash.models.pocket.build import read_text, split_files
 from hyflash.models.target import Target, resolve_model_folder
 from hyflash.models.tokenizer import load_tokenizer
 from hyflash.runtime import SpeculativeEngine, TorchTarget
 from hyflash.runtime.drafter_backend import TorchDrafter
+from hyflash.train.corpus import read_text, split_files
 
 OUT = Path(__file__).parent / "results"
 

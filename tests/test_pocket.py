@@ -82,6 +82,21 @@ def test_build_refuses_without_disk_space(tmp_path, capsys, monkeypatch):
     assert "no disk space" in capsys.readouterr().err
 
 
+def test_build_learning_rate_schedule_is_the_one_the_shipped_model_used():
+    # values of the schedule the model was built with (before it moved to train/scaffold.py)
+    got = [build.lr_at(s, 1200, 2e-3, 100) for s in (0, 99, 100, 600, 1199)]
+    assert got == [2e-05, 0.002, 0.002, 0.0012280833544459568, 0.00020000367051153852]
+
+
+def test_build_reads_the_same_stdlib_split_as_train():
+    from hyflash.train import corpus
+
+    assert build.split_files is corpus.split_files and build.read_text is corpus.read_text
+    train, held, root = corpus.split_files()
+    assert len(held) > 10 and not set(train) & set(held)
+    assert all(corpus.is_heldout(f.relative_to(root).as_posix()) for f in held)
+
+
 def test_interrupted_build_resumes_from_its_checkpoint(tmp_path, monkeypatch, capsys):
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     src = tmp_path / "lib"

@@ -1,5 +1,6 @@
 """Drafter training: the loss goes down, an interrupted run resumes exactly, and
-`hyflash train` turns bad input into one line and never leaves a half-written drafter."""
+`hyflash train` turns bad input into one line, never leaves a half-written drafter,
+never replaces what it did not write, and gives the same drafter for the same command."""
 
 import json
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 from conftest import WORDS, save_tiny_llama
 
+import hyflash.train.data as data_mod
 import hyflash.train.loop as loop
 from hyflash.cli import main
 from hyflash.errors import HyflashError
@@ -47,6 +49,29 @@ def test_distilled_sequences_are_the_targets_greedy_continuations(distilled):
     torch.testing.assert_close(feats, ref_feats[0], atol=2e-3, rtol=1e-2)  # stored as fp16
 
 
+@pytest.mark.parametrize("scores_bytes", [1 << 28, 4096])  # one prefill call; many chunks
+def test_continue_batch_matches_a_plain_decode_with_the_whole_cache(model_folder, monkeypatch,
+                                                                    scores_bytes):
+    """The fast path (chunked prefill, cache sized to the batch, last-position logits,
+    float16 features in place) writes what the straightforward loop writes."""
+    target = Target.from_pretrained(model_folder)
+    prompts = torch.randint(2, 48, (3, 20), generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(data_mod, "PREFILL_SCORES_BYTES", scores_bytes)
+    tokens, feats = data_mod.continue_batch(target, prompts, 9, False, 1.0, torch.Generator())
+    assert target.cache_len == 28 and feats.dtype == torch.float16
+    target.setup_cache(3)  # the whole context, as generation did before
+    with torch.inference_mode():
+        logits, ref = target.prefill(prompts)
+        ref_tokens, ref_feats = [prompts], [ref]
+        for pos in range(20, 29):
+            ref_tokens.append(logits[:, -1].argmax(-1, keepdim=True))
+            if pos < 28:
+                logits, f = target(ref_tokens[-1], pos)
+                ref_feats.append(f)
+    assert torch.equal(tokens, torch.cat(ref_tokens, 1))
+    torch.testing.assert_close(feats.float(), torch.cat(ref_feats, 1), atol=2e-3, rtol=1e-2)
+
+
 def test_a_few_steps_reduce_the_loss(distilled, tmp_path):
     target, data = distilled
     spec = loop.TrainSpec(steps=80, batch=4, anchors=8, lr=1e-2, warmup=5)
@@ -55,6 +80,11 @@ def test_a_few_steps_reduce_the_loss(distilled, tmp_path):
     before = loop.evaluate(d, data, val, spec)["val_loss"]
     report = loop.train(d, data, spec, tmp_path, progress=False)
     assert report["val_loss"] < 0.9 * before
+
+
+def test_learning_rate_warms_up_then_decays_to_five_percent():
+    got = [loop.lr_at(s, loop.TrainSpec()) for s in (0, 49, 50, 775, 1499)]
+    assert got == [2e-05, 0.001, 0.001, 0.0005250000000000001, 5.000111487758779e-05]
 
 
 def test_memory_scalars_train_faster_and_vectors_skip_weight_decay(distilled):
@@ -82,9 +112,9 @@ def test_interrupted_training_resumes_exactly(distilled, tmp_path, monkeypatch):
 
     real_save = loop.save_checkpoint
 
-    def crash_after_step_8(path, drafter, opt, step, run):
-        real_save(path, drafter, opt, step, run)
-        if step == 8:
+    def crash_after_step_8(path, state):
+        real_save(path, state)
+        if state["step"] == 8:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "save_checkpoint", crash_after_step_8)
@@ -116,18 +146,238 @@ def corpus(tmp_path_factory):
     return f
 
 
-def test_train_command_writes_a_loadable_drafter(model_folder, corpus, tmp_path, capsys):
-    out = tmp_path / "drafter"
-    argv = ["train", "--target", str(model_folder), "--data", str(corpus), "--out", str(out),
+def small_run(model_folder, data, out, *extra) -> list[str]:
+    return ["train", "--target", str(model_folder), "--data", str(data), "--out", str(out),
             "--layers", "1", "--heads", "4", "--block-size", "4", "--window", "8",
             "--sequences", "16", "--gen-len", "16", "--data-batch", "8", "--steps", "3",
-            "--batch", "2", "--anchors", "4", "--quiet"]
-    assert main(argv) == 0
+            "--batch", "2", "--anchors", "4", "--threads", "1", "--quiet", *extra]
+
+
+def test_train_command_writes_a_loadable_drafter_and_removes_its_work(model_folder, corpus,
+                                                                      tmp_path, capsys):
+    out = tmp_path / "drafter"
+    assert main(small_run(model_folder, corpus, out)) == 0
     meta = json.loads((out / "config.json").read_text())
     assert meta["training"]["train_spec"]["steps"] == 3 and meta["config"]["window"] == 8
     d = load_drafter(out, Target.from_pretrained(model_folder))
     assert d.cfg.block_size == 4 and d.cfg.memory == "prefix-slots"
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]  # no work, no temp
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert said.startswith(f"removed the work folder {out}.work (") and "KiB)" in said
+
+
+def test_keep_work_keeps_the_work_folder_and_says_how_big(model_folder, corpus, tmp_path,
+                                                          capsys):
+    out = tmp_path / "drafter"
+    assert main(small_run(model_folder, corpus, out, "--keep-work")) == 0
+    work = tmp_path / "drafter.work"
+    size = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert said.startswith(f"kept the work folder {work} ({size / 1024:.1f} KiB)")
+    assert [p.name for p in work.glob("data-*/train-hyflash/checkpoint.pt")]
+    # rerun: the finished checkpoint is resumed (no step left to run), same drafter
+    weights = (out / "model.safetensors").read_bytes()
+    loss = json.loads((out / "config.json").read_text())["training"]["final_train_loss"]
+    assert main(small_run(model_folder, corpus, out, "--keep-work")) == 0
+    assert (out / "model.safetensors").read_bytes() == weights
+    assert json.loads((out / "config.json").read_text())["training"]["final_train_loss"] == loss
+
+
+def test_data_only_generates_the_data_and_stops(model_folder, corpus, tmp_path, capsys):
+    out = tmp_path / "drafter"
+    assert main(small_run(model_folder, corpus, out, "--data-only")) == 0
+    assert not out.exists()
+    (data,) = (tmp_path / "drafter.work").glob("data-*")
+    assert (data / "done").exists() and not list(data.glob("train-*"))
+    assert f"data ready in {data}" in capsys.readouterr().out
+
+
+def test_same_command_twice_gives_the_same_drafter(model_folder, corpus, tmp_path):
+    def weights(name, *extra):
+        assert main(small_run(model_folder, corpus, tmp_path / name, *extra)) == 0
+        return (tmp_path / name / "model.safetensors").read_bytes()
+
+    first = weights("a")
+    assert weights("b") == first
+    assert weights("c", "--seed", "1") != first  # the seed matters, so the test can fail
+
+
+def test_another_corpus_regenerates_the_data_and_trains_afresh(model_folder, corpus, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text(" ".join(f"w{(i * 7) % 46}" for i in range(3000)))
+    out, work = tmp_path / "drafter", tmp_path / "drafter.work"
+    assert main(small_run(model_folder, corpus, out, "--keep-work")) == 0
+    (first,) = work.glob("data-*")
+    old_ckpt = (first / "train-hyflash" / "checkpoint.pt").read_bytes()
+    assert main(small_run(model_folder, other, out, "--keep-work")) == 0
+    (second,) = set(work.glob("data-*")) - {first}
+    assert (second / "train-hyflash" / "checkpoint.pt").exists()  # trained, not resumed
+    assert (first / "train-hyflash" / "checkpoint.pt").read_bytes() == old_ckpt
+    meta = json.loads((out / "config.json").read_text())["training"]
+    assert meta["data"] == str(other)
+    # the same drafter as a run that never saw the first corpus
+    assert main(small_run(model_folder, other, tmp_path / "fresh")) == 0
+    assert (out / "model.safetensors").read_bytes() == \
+        (tmp_path / "fresh" / "model.safetensors").read_bytes()
+
+
+def snapshot(root):
+    """Every path under root with its bytes (None for a folder)."""
+    if root.is_file():
+        return {".": root.read_bytes()}
+    return {p.relative_to(root).as_posix(): p.read_bytes() if p.is_file() else None
+            for p in root.rglob("*")}
+
+
+def user_file(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    return f
+
+
+def user_folder(tmp_path):
+    d = tmp_path / "results"
+    (d / "sub").mkdir(parents=True)
+    (d / "config.json").write_text('{"mine": true}')
+    (d / "sub" / "plot.png").write_bytes(b"png")
+    return d
+
+
+def drafter_with_notes(tmp_path):
+    """A drafter folder `hyflash train` wrote, to which the user added a file."""
+    d = tmp_path / "old-drafter"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"format_version": 1, "config": {},
+                                               "training": {}}))
+    (d / "model.safetensors").write_bytes(b"w")
+    (d / "NOTES.md").write_text("mine")
+    return d
+
+
+@pytest.mark.parametrize("make,flag,message", [
+    (user_file, "--out", "is a file, not a drafter folder: choose a new --out, or remove it"),
+    (user_folder, "--out", "is a folder that `hyflash train` did not write (it holds "
+                           "config.json, sub...): choose a new --out, or remove it yourself"),
+    (drafter_with_notes, "--out", "did not write"),
+    (user_file, "--work", "is a file, not a work folder: choose another --work"),
+    (user_folder, "--work", "is a folder that `hyflash train` did not make"),
+])
+def test_train_refuses_to_replace_what_it_did_not_write(model_folder, corpus, tmp_path, capsys,
+                                                        monkeypatch, make, flag, message):
+    mine = make(tmp_path)
+    before = snapshot(mine)
+    called = []
+    monkeypatch.setattr("hyflash.models.target.Target.from_pretrained",
+                        lambda *a, **k: called.append(1))
+    argv = small_run(model_folder, corpus, tmp_path / "d")
+    argv[argv.index("--out") + 1] = str(mine) if flag == "--out" else str(tmp_path / "d")
+    if flag == "--work":
+        argv += ["--work", str(mine)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert snapshot(mine) == before and not called  # refused before any work
+
+
+def test_train_refuses_overlapping_out_and_work(model_folder, corpus, tmp_path, capsys):
+    out = tmp_path / "d"
+    assert main(small_run(model_folder, corpus, out, "--work", str(out / "w"))) == 2
+    assert "overlap" in capsys.readouterr().err and not out.exists()
+
+
+def test_train_replaces_a_drafter_it_wrote(model_folder, corpus, tmp_path):
+    out = tmp_path / "drafter"
+    assert main(small_run(model_folder, corpus, out, "--seed", "1")) == 0
+    first = (out / "model.safetensors").read_bytes()
+    assert main(small_run(model_folder, corpus, out)) == 0
+    assert (out / "model.safetensors").read_bytes() != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+
+
+def write_bytes(name: str, data: bytes):
+    def make(tmp_path):
+        f = tmp_path / name
+        f.write_bytes(data)
+        return f
+    return make
+
+
+def empty_folder(tmp_path):
+    d = tmp_path / "texts"
+    d.mkdir()
+    (d / "__init__.py").write_text("")
+    (d / "a.txt").write_text("  \n")
+    return d
+
+
+@pytest.mark.parametrize("make,message", [
+    (write_bytes("latin1.txt", "caf\xe9 w1 w2".encode("latin-1")),
+     "latin1.txt is not UTF-8 text (byte 0xe9 at offset 3): convert it to UTF-8"),
+    (write_bytes("blob.txt", b"w1 w2\x00\x01\x02"), "blob.txt is binary (it holds NUL bytes)"),
+    (write_bytes("p.jsonl", b'{"text": "w1 w2"}\nnull\n'),
+     "p.jsonl:2: a JSONL record needs a 'text' or 'prompt' string field, got null"),
+    (write_bytes("p.jsonl", b'{"text": "w1"}\n{"body": "w2"}\n'),
+     "p.jsonl:2: a JSONL record needs a 'text' or 'prompt' string field, got keys ['body']"),
+    (write_bytes("p.jsonl", b'{"prompt": 3}\n'), "got 'prompt' of type int"),
+    (write_bytes("p.jsonl", b'{"text": "w1"\n'), "p.jsonl:1: not a JSON line"),
+    (write_bytes("empty.txt", b""), "empty.txt: the file is empty"),
+    (write_bytes("empty.jsonl", b"\n\n"), "empty.jsonl: the file is empty"),
+    (empty_folder, "found no non-empty .py, .txt"),
+    (lambda tmp_path: tmp_path / "missing.txt", "no data at"),
+])
+def test_train_corpus_bad_input_is_one_line(model_folder, tmp_path, capsys, make, message):
+    data = make(tmp_path)
+    out = tmp_path / "d"
+    assert main(small_run(model_folder, data, out)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists() and not (tmp_path / "d.work").exists()
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--steps", "0", "must be >= 1, got 0"),
+    ("--sequences", "-3", "must be >= 1, got -3"),
+    ("--sequences", "0", "must be >= 1, got 0"),
+    ("--batch", "0", "must be >= 1"),
+    ("--anchors", "-1", "must be >= 1"),
+    ("--gen-len", "0", "must be >= 1"),
+    ("--data-batch", "0", "must be >= 1"),
+    ("--lr", "0", "must be > 0, got 0"),
+    ("--lr", "-0.001", "must be > 0"),
+    ("--lr", "inf", "must be a finite number, got inf"),
+    ("--lr", "nan", "must be a finite number"),
+    ("--memory-lr-scale", "0", "must be > 0"),
+    ("--sampled-fraction", "1.5", "must be in [0, 1], got 1.5"),
+    ("--sampled-fraction", "-0.1", "must be in [0, 1]"),
+    ("--threads", "0", "must be >= 1, got 0"),
+    ("--max-seq-len", "0", "must be >= 1, got 0"),
+    ("--seed", "-1", "must be >= 0"),
+    ("--steps", "ten", "'ten' is not a whole number"),
+])
+def test_train_number_flags_out_of_range_are_one_line(model_folder, corpus, tmp_path, capsys,
+                                                      flag, value, message):
+    with pytest.raises(SystemExit) as e:
+        main(small_run(model_folder, corpus, tmp_path / "d", flag, value))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {message}" in err and err.count("\n") == 1, err
+
+
+def test_train_max_seq_len_above_the_targets_is_one_line(model_folder, corpus, tmp_path, capsys):
+    assert main(small_run(model_folder, corpus, tmp_path / "d", "--max-seq-len", "100000")) == 2
+    err = capsys.readouterr().err
+    assert "100000 tokens is above the 64 the model supports" in err
+    assert err.count("\n") == 1
+
+
+def test_train_threads_are_capped_at_the_cores(capsys):
+    from hyflash.argtypes import machine_cores
+    from hyflash.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--target", "t", "--data", "d", "--out", "o",
+                                      "--threads", "100000"])
+    assert args.threads == machine_cores()
+    assert "capped" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra,message", [

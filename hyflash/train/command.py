@@ -1,8 +1,12 @@
 """`hyflash train`: distil data from a target, train a drafter, write it atomically.
 
 Work (the generated data and the training checkpoint) lives in ``--work`` (default
-``OUT.work``) so that rerunning the same command resumes instead of starting over;
-the drafter folder itself appears only when training has finished.
+``OUT.work``) so that rerunning the same command resumes instead of starting over; the
+data folder is keyed by the target, the corpus content and the data settings, and each
+training run lives inside the data it trains on, so another corpus never resumes an old
+checkpoint. The drafter folder appears only when training has finished; the work folder
+is then removed unless ``--keep-work``. ``--seed`` fixes the drafter's initial weights,
+the prompts and the batches: the same command on the same machine gives the same drafter.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import time
 from pathlib import Path
 
+from hyflash.argtypes import fraction, nonneg_int, positive_float, positive_int, threads
 from hyflash.atomic import write_folder_atomically
 from hyflash.errors import HyflashError
 
@@ -33,34 +38,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "baseline (no window limit, no memory)")
     p.add_argument("--work", type=Path, default=None,
                    help="data cache + checkpoints, reused on rerun (default: OUT.work)")
+    p.add_argument("--keep-work", action="store_true",
+                   help="keep the work folder after a successful run (default: remove it)")
+    p.add_argument("--data-only", action="store_true",
+                   help="generate (or resume) the self-distillation data, then stop")
     g = p.add_argument_group("drafter")
-    g.add_argument("--layers", type=int, default=2)
-    g.add_argument("--heads", type=int, default=8)
-    g.add_argument("--block-size", type=int, default=8, help="B: one pass drafts B-1 tokens")
-    g.add_argument("--window", type=int, default=64, help="local window W (hyflash only)")
+    g.add_argument("--layers", type=positive_int, default=2)
+    g.add_argument("--heads", type=positive_int, default=8)
+    g.add_argument("--block-size", type=positive_int, default=8,
+                   help="B: one pass drafts B-1 tokens")
+    g.add_argument("--window", type=positive_int, default=64, help="local window W (hyflash only)")
     g.add_argument("--memory", default=MEMORY_KINDS[0], choices=MEMORY_KINDS,
                    help="memory kind (hyflash only): prefix-slots (default: learned slot "
                         "queries read the memory into extra keys of the softmax), "
                         "decayed-linear (every query reads it, a gate mixes it in) or none "
-                        "(window only)"),
-    g.add_argument("--max-seq-len", type=int, default=None,
-                   help="context the drafter serves (default: the target's)")
+                        "(window only)")
+    g.add_argument("--max-seq-len", type=positive_int, default=None,
+                   help="context the drafter serves (default: the target's, at most "
+                        "its max_position_embeddings)")
     g = p.add_argument_group("self-distillation data")
-    g.add_argument("--sequences", type=int, default=2048, help="continuations to generate")
-    g.add_argument("--gen-len", type=int, default=128, help="tokens the target writes per prompt")
-    g.add_argument("--sampled-fraction", type=float, default=0.0,
+    g.add_argument("--sequences", type=positive_int, default=2048,
+                   help="continuations to generate")
+    g.add_argument("--gen-len", type=positive_int, default=128,
+                   help="tokens the target writes per prompt")
+    g.add_argument("--sampled-fraction", type=fraction, default=0.0,
                    help="share of continuations sampled (temperature 1) instead of greedy")
-    g.add_argument("--data-batch", type=int, default=32, help="prompts generated together")
+    g.add_argument("--data-batch", type=positive_int, default=32, help="prompts generated together")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=int, default=1500)
-    g.add_argument("--batch", type=int, default=8, help="sequences per step")
-    g.add_argument("--anchors", type=int, default=16, help="anchors (blocks) per sequence")
-    g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--memory-lr-scale", type=float, default=10.0,
+    g.add_argument("--steps", type=positive_int, default=1500)
+    g.add_argument("--batch", type=positive_int, default=8, help="sequences per step")
+    g.add_argument("--anchors", type=positive_int, default=16, help="anchors (blocks) per sequence")
+    g.add_argument("--lr", type=positive_float, default=1e-3)
+    g.add_argument("--memory-lr-scale", type=positive_float, default=10.0,
                    help="learning-rate multiplier for the memory's decay logits and gate "
                         "biases (a few scalars per layer)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--seed", type=nonneg_int, default=0,
+                   help="seeds the drafter's initial weights, the prompts and the batches")
+    g.add_argument("--threads", type=threads, default=None,
+                   help="torch CPU threads (default: torch's, one per core)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -85,46 +100,53 @@ def run(args: argparse.Namespace) -> int:
     from hyflash.models.drafter import Drafter
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.models.tokenizer import load_tokenizer
-    from hyflash.train.data import (
-        DistillSet,
-        check_tokenizer,
-        generate_dataset,
-        read_corpus,
-        token_stream,
-    )
+    from hyflash.train.corpus import corpus_digest, read_corpus, token_stream
+    from hyflash.train.data import DistillSet, check_tokenizer, generate_dataset
+    from hyflash.train.folders import check_out, check_work, claim_work, finish_work
     from hyflash.train.loop import TrainSpec, train
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    work = args.work or args.out.with_name(args.out.name + ".work")
+    check_out(args.out)
+    check_work(work, args.out)
     if args.sequences < args.batch:
         raise HyflashError(f"too few examples: --sequences {args.sequences} is less than one "
                            f"batch ({args.batch})")
-    target_path = str(resolve_model_folder(args.target))
+    texts = read_corpus(args.data)
+    corpus_id = corpus_digest(texts)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target_path = resolve_model_folder(args.target)
     target = Target.from_pretrained(target_path, max_seq_len=args.max_seq_len)
     tokenizer = load_tokenizer(target_path)
     check_tokenizer(tokenizer, target)
+    torch.manual_seed(args.seed)  # the drafter's initial weights
     drafter = Drafter.for_target(target, args.arch, num_layers=args.layers,
                                  num_heads=args.heads, block_size=args.block_size,
                                  **({} if args.arch == "full" else
                                     {"window": args.window, "memory": args.memory}))
     spec = data_spec(args, target.cfg.max_seq_len)
-    work = args.work or args.out.with_name(args.out.name + ".work")
-    data_dir = work / f"data-{spec.key(target_path + str(target.cfg.to_dict()))}"
+    target_id = str(target_path) + json.dumps(target.cfg.to_dict(), sort_keys=True)
+    data_dir = work / f"data-{spec.key(target_id, corpus_id)}"
+    claim_work(work, args.out)
     t0 = time.time()
     if not (data_dir / "done").exists():
         eos = target.cfg.eos_token_ids[0] if target.cfg.eos_token_ids else 0
-        stream = token_stream(read_corpus(args.data), tokenizer, eos)
+        stream = token_stream(texts, tokenizer, eos)
         generate_dataset(target, stream, spec, data_dir, progress=not args.quiet)
         (data_dir / "done").touch()
     target.drop_cache()
+    if args.data_only:
+        print(f"data ready in {data_dir}; rerun without --data-only to train")
+        return 0
     data = DistillSet(data_dir)
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
                            lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed)
     run_name = f"train-{args.arch}"
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
-    report = train(drafter, data, train_spec, work / run_name, progress=not args.quiet)
-    report.update(target=str(target_path), data=str(args.data), arch=args.arch,
+    report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet)
+    report.update(target=str(target_path), data=str(args.data), corpus_sha1=corpus_id,
+                  arch=args.arch,
                   params=sum(p.numel() for p in drafter.parameters() if p.requires_grad),
                   state_bytes_fp32=drafter.state_bytes(), data_spec=spec.__dict__,
                   total_seconds=round(time.time() - t0, 1))
@@ -132,4 +154,6 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({k: report[k] for k in ("val_accuracy", "val_expected_tau", "params",
                                              "state_bytes_fp32")}))
     print(f"wrote {args.out}")
+    del data  # its shards are memory-mapped from the work folder
+    print(finish_work(work, args.keep_work))
     return 0

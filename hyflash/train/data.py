@@ -1,9 +1,8 @@
 """Self-distillation data: the target writes the continuations the drafter learns.
 
-A corpus (a folder of text files, a .txt, a .jsonl with "text"/"prompt" fields, or the
-keyword ``stdlib`` for the pocket model's training split) is tokenized into one stream.
-Prompts are windows of that stream at a mix of lengths (short and long, so the memory
-sees long contexts); the target continues each one, greedily or by sampling (seeded),
+A corpus (read and checked by ``corpus.py``) is tokenized into one stream. Prompts are
+windows of that stream at a mix of lengths (short and long, so the memory sees long
+contexts); the target continues each one, greedily or by sampling (seeded),
 and the run caches tokens *and* the target's features for every position, since
 generation computes them anyway. Shards are written atomically, so an interrupted run
 resumes at the next missing shard.
@@ -23,8 +22,6 @@ import torch
 from hyflash.errors import HyflashError
 from hyflash.models.target import Target
 
-TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".jsonl")
-
 
 @dataclass
 class DataSpec:
@@ -39,53 +36,14 @@ class DataSpec:
     shard: int = 128
     seed: int = 0
 
-    def key(self, target_id: str) -> str:
-        blob = json.dumps({"target": target_id, **asdict(self)}, sort_keys=True)
+    def key(self, target_id: str, corpus_id: str) -> str:
+        """Names the data folder: a new target, corpus or spec means new data."""
+        blob = json.dumps({"target": target_id, "corpus": corpus_id, **asdict(self)},
+                          sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-# --------------------------------------------------------------------- corpus
-
-def read_corpus(data: str | Path) -> list[str]:
-    if str(data) == "stdlib":
-        from hyflash.models.pocket.build import read_text, split_files
-
-        train, _, _ = split_files()
-        return [read_text(f) for f in train]
-    path = Path(data)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
-    elif path.is_file():
-        files = [path]
-    else:
-        raise HyflashError(f"no data at {data}: pass a folder of text files, a .txt or .jsonl "
-                           "file, or `stdlib`")
-    texts: list[str] = []
-    for f in files:
-        if f.suffix == ".jsonl":
-            for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
-                if not line.strip():
-                    continue
-                rec = json.loads(line)
-                text = rec.get("text") or rec.get("prompt") if isinstance(rec, dict) else None
-                if not isinstance(text, str):
-                    raise HyflashError(f"{f}:{i + 1}: a JSONL record needs a 'text' or 'prompt' "
-                                       "string field")
-                texts.append(text)
-        else:
-            texts.append(f.read_text(encoding="utf-8", errors="replace"))
-    if not texts:
-        raise HyflashError(f"no text in {data}: found no {', '.join(TEXT_SUFFIXES)} files")
-    return texts
-
-
-def token_stream(texts: list[str], tokenizer, eos_id: int) -> np.ndarray:
-    ids: list[int] = []
-    for enc in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        ids.extend(enc)
-        ids.append(eos_id)
-    return np.asarray(ids, dtype=np.int32)
-
+# ------------------------------------------------------------------ tokenizer
 
 def check_tokenizer(tokenizer, target: Target) -> None:
     """The tokenizer must produce ids the target's embedding knows."""
@@ -98,30 +56,50 @@ def check_tokenizer(tokenizer, target: Target) -> None:
 
 # ----------------------------------------------------------------- generation
 
+PREFILL_SCORES_BYTES = 1 << 28  # attention scores of one prefill chunk: bounds peak memory
+
+
+def prefill_chunk(target: Target, n: int, keys: int) -> int:
+    """Prompt tokens per prefill call, so that one layer's attention scores (n rows x
+    heads x chunk x keys, fp32) stay under PREFILL_SCORES_BYTES: a batch of 32 prompts
+    of 2000 tokens in one call would need 4.6 GB for them."""
+    per_token = n * target.cfg.num_attention_heads * keys * 4
+    return max(1, PREFILL_SCORES_BYTES // per_token)
+
+
 @torch.inference_mode()
 def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: bool,
                    temperature: float, gen: torch.Generator):
-    """prompts [N, L] -> tokens [N, L+gen_len], features [N, L+gen_len-1, F].
-    The last token is generated but not fed back, so it has no features."""
+    """prompts [N, L] -> tokens [N, L+gen_len] (int64), features [N, L+gen_len-1, F]
+    (float16). The last token is generated but not fed back, so it has no features.
+
+    Where the time goes, and why it is spent this way: the whole batch is prefilled
+    together, in chunks; the KV cache holds exactly the L+gen_len-1 positions this batch
+    feeds (each decode step attends over all of it, so a cache of the target's whole
+    context would cost up to 4x the weights' traffic per step); logits are computed for
+    the last position only; features go straight into one preallocated float16 buffer."""
     n, length = prompts.shape
-    if target.cache_batch != n:
-        target.setup_cache(n)
-    logits, feats = target.prefill(prompts)
-    tokens, all_feats = [prompts], [feats]
-    pos = length
-    for i in range(gen_len):
+    fed = length + gen_len - 1
+    target.setup_cache(n, max_len=fed)
+    tokens = torch.empty(n, fed + 1, dtype=torch.long)
+    tokens[:, :length] = prompts
+    feats = torch.empty(n, fed, target.cfg.feature_size, dtype=torch.float16)
+    chunk = prefill_chunk(target, n, fed)
+    for a in range(0, length, chunk):
+        logits, f = target(prompts[:, a:a + chunk], a, last_logits=True)
+        feats[:, a:a + f.shape[1]] = f
+    for pos in range(length, fed + 1):
         last = logits[:, -1].float()
         if sample:
             probs = torch.softmax(last / temperature, -1)
             nxt = torch.multinomial(probs, 1, generator=gen)
         else:
             nxt = last.argmax(-1, keepdim=True)
-        tokens.append(nxt)
-        if i < gen_len - 1:
-            logits, feats = target(nxt, pos)
-            all_feats.append(feats)
-            pos += 1
-    return torch.cat(tokens, 1), torch.cat(all_feats, 1)
+        tokens[:, pos] = nxt[:, 0]
+        if pos < fed:
+            logits, f = target(nxt, pos, last_logits=True)
+            feats[:, pos] = f[:, 0]
+    return tokens, feats
 
 
 def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Path,
@@ -159,7 +137,7 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
             t, f = continue_batch(target, prompts, spec.gen_len, sample, spec.temperature, gen)
             for i in range(n):
                 toks.append(t[i].numpy().astype(np.int32))
-                feats.append(f[i].to(torch.float16).numpy())
+                feats.append(f[i].numpy())
                 meta.append({"prompt_len": length, "sampled": sample})
             done += n
             bar.update(n)

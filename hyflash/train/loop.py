@@ -8,8 +8,6 @@ step s depends only on (seed, s), so a resumed run sees exactly the data it woul
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ import torch.nn.functional as F
 from hyflash.errors import HyflashError
 from hyflash.models.drafter import Drafter
 from hyflash.train.data import DistillSet
+from hyflash.train.scaffold import load_checkpoint, save_checkpoint, warmup_cosine
 
 
 @dataclass
@@ -73,11 +72,11 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     return loss, acc
 
 
+LR_FLOOR = 0.05  # the cosine ends at 5% of the peak learning rate
+
+
 def lr_at(step: int, spec: TrainSpec) -> float:
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    frac = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
-    return spec.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+    return warmup_cosine(step, spec.steps, spec.lr, spec.warmup, LR_FLOOR)
 
 
 def split(n: int, spec: TrainSpec) -> tuple[list[int], list[int]]:
@@ -136,14 +135,14 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
     w = position_weights(bsz, spec.gamma)
     work.mkdir(parents=True, exist_ok=True)
     ckpt = work / "checkpoint.pt"
-    step = 0
+    step, last_loss = 0, None
     run = run_settings(drafter, spec)
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+    state = load_checkpoint(ckpt)
+    if state is not None:
         check_resumable(ckpt, state.get("run", run), run)
         drafter.load_state_dict(state["drafter"], strict=False)
         opt.load_state_dict(state["opt"])
-        step = state["step"]
+        step, last_loss = state["step"], state.get("loss")
     drafter.train()
     bar = tqdm(total=spec.steps, initial=step, desc=f"train {drafter.cfg.arch}",
                disable=not progress, dynamic_ncols=True)
@@ -159,16 +158,17 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        step += 1
+        step, last_loss = step + 1, round(loss.item(), 4)
         ema = acc if ema is None else 0.95 * ema + 0.05 * acc
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}",
                         acc="/".join(f"{x:.2f}" for x in ema[:4].tolist()))
         if step % spec.checkpoint_every == 0 or step == spec.steps:
-            save_checkpoint(ckpt, drafter, opt, step, run)
+            save_checkpoint(ckpt, {"drafter": drafter.trainable_state(), "opt": opt.state_dict(),
+                                   "step": step, "loss": last_loss, "run": run})
     bar.close()
     report = {"train_spec": asdict(spec), "train_seconds_last_run": round(time.time() - t0, 1),
-              "final_train_loss": round(loss.item(), 4)}
+              "final_train_loss": last_loss}
     report.update(evaluate(drafter, data, val_ids, spec))
     return report
 
@@ -188,9 +188,3 @@ def check_resumable(ckpt: Path, saved: dict, now: dict) -> None:
                     f"{ckpt} is a run with {key} {saved[part].get(key)!r}, not {value!r}: "
                     "rerun with its settings to resume it, or use another --work folder")
 
-
-def save_checkpoint(path: Path, drafter: Drafter, opt, step: int, run: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"drafter": drafter.trainable_state(), "opt": opt.state_dict(), "step": step,
-                "run": run}, tmp)
-    os.replace(tmp, path)

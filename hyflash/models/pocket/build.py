@@ -3,10 +3,14 @@
 Every machine with Python has the standard library's source, so this model can be
 rebuilt anywhere without a download. The build has three stages:
 
-1. split the stdlib ``.py`` files into train / held-out by a hash of their path,
+1. split the stdlib ``.py`` files into train / held-out by a hash of their path
+   (``hyflash/train/corpus.py``: `hyflash train --data stdlib` and the benchmarks read
+   the same split),
 2. train a byte-level BPE tokenizer (Hugging Face ``tokenizers``) on the train files,
-3. train a causal LM (``transformers.LlamaForCausalLM``) with AdamW + cosine decay,
-   checkpointing to ``--work`` so that an interrupted build resumes where it stopped.
+3. train a causal LM (``transformers.LlamaForCausalLM``) with AdamW + warmup + cosine
+   decay, checkpointing to ``--work`` so that an interrupted build resumes where it
+   stopped (schedule and checkpoints: ``hyflash/train/scaffold.py``, shared with
+   `hyflash train`).
 
 The result is a plain Hugging Face model folder (config.json, model.safetensors,
 tokenizer.json, generation_config.json, README.md model card), written atomically.
@@ -17,13 +21,11 @@ Takes about an hour on a 2-core CPU with the default settings (``--steps``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
 import shutil
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -31,9 +33,13 @@ import numpy as np
 import torch
 
 from hyflash.atomic import write_folder_atomically
+from hyflash.errors import HyflashError
+from hyflash.models.tokenizer import MODEL_INPUT_NAMES
+from hyflash.train.corpus import HELDOUT_PERCENT, read_text, split_files
+from hyflash.train.scaffold import load_checkpoint, save_checkpoint, warmup_cosine
 
 EOS = "<|endoftext|>"
-HELDOUT_PERCENT = 3  # files whose path hash falls below this go to the held-out split
+LR_FLOOR = 0.1  # the cosine ends at 10% of the peak learning rate
 MIN_FREE_BYTES = 1 << 30
 
 MODEL_CONFIG = dict(
@@ -52,47 +58,6 @@ MODEL_CONFIG = dict(
 )
 
 CARD_PROMPTS = ["def __init__(self", "import os\n", "class Stack:\n    "]
-
-
-class BuildError(Exception):
-    """A problem the user can fix; printed as one line."""
-
-
-# ----------------------------------------------------------------------------- data
-
-def stdlib_files(root: Path | None = None) -> list[Path]:
-    root = Path(root or sysconfig.get_paths()["stdlib"])
-    if not root.is_dir():
-        raise BuildError(f"no stdlib sources: {root} is not a directory; pass --stdlib DIR")
-    files = sorted(
-        p for p in root.rglob("*.py")
-        if "site-packages" not in p.parts and "dist-packages" not in p.parts
-    )
-    if len(files) < 50:
-        raise BuildError(
-            f"no stdlib sources: found {len(files)} .py files under {root}; "
-            "this Python may ship compiled-only stdlib, pass --stdlib DIR"
-        )
-    return files
-
-
-def is_heldout(rel_path: str) -> bool:
-    """Fixed split: a file is held out iff the hash of its relative path says so."""
-    h = int(hashlib.sha1(rel_path.encode()).hexdigest(), 16)
-    return h % 100 < HELDOUT_PERCENT
-
-
-def split_files(root: Path | None = None) -> tuple[list[Path], list[Path], Path]:
-    root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = stdlib_files(root)
-    train, held = [], []
-    for f in files:
-        (held if is_heldout(f.relative_to(root).as_posix()) else train).append(f)
-    return train, held, root
-
-
-def read_text(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
 
 
 # ------------------------------------------------------------------------ tokenizer
@@ -133,10 +98,7 @@ def make_model(seed: int):
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    frac = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    return warmup_cosine(step, steps, peak, warmup, LR_FLOOR)
 
 
 def seq_len_at(step: int, steps: int, short: int, long: int) -> int:
@@ -160,14 +122,6 @@ def evaluate(model, data: np.ndarray, seq: int, max_tokens: int) -> float:
     return float(np.mean(losses)) if losses else float("nan")
 
 
-def save_checkpoint(path: Path, model, opt, step: int, gen: torch.Generator,
-                    seconds: float = 0.0) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                "gen": gen.get_state(), "seconds": seconds}, tmp)
-    os.replace(tmp, path)
-
-
 def train(args, work: Path, train_ids: np.ndarray):
     """-> (model, training seconds summed over every run that led to it)."""
     from tqdm import tqdm
@@ -178,8 +132,8 @@ def train(args, work: Path, train_ids: np.ndarray):
     gen = torch.Generator().manual_seed(args.seed)
     ckpt = work / "checkpoint.pt"
     step, before = 0, 0.0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+    state = load_checkpoint(ckpt)
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         gen.set_state(state["gen"])
@@ -204,7 +158,9 @@ def train(args, work: Path, train_ids: np.ndarray):
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}", seq=seq)
         if step % args.checkpoint_every == 0 or step == args.steps:
-            save_checkpoint(ckpt, model, opt, step, gen, before + time.time() - t0)
+            save_checkpoint(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(),
+                                   "step": step, "gen": gen.get_state(),
+                                   "seconds": before + time.time() - t0})
     bar.close()
     print(f"trained {args.steps} steps ({time.time() - t0:.0f}s this run)")
     return model, before + time.time() - t0
@@ -237,6 +193,7 @@ def write_folder(out: Path, model, tok, stats: dict, args) -> None:
         PreTrainedTokenizerFast(
             tokenizer_object=tok, bos_token=EOS, eos_token=EOS, unk_token=EOS,
             pad_token=EOS, model_max_length=MODEL_CONFIG["max_position_embeddings"],
+            model_input_names=MODEL_INPUT_NAMES,
         ).save_pretrained(tmp)
         (tmp / "README.md").write_text(model_card(stats, args))
 
@@ -312,7 +269,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         return build(args)
-    except BuildError as e:
+    except HyflashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -325,7 +282,7 @@ def build(args) -> int:
     args.out.resolve().parent.mkdir(parents=True, exist_ok=True)
     for d in (args.work, args.out.resolve().parent):
         if shutil.disk_usage(d).free < MIN_FREE_BYTES:
-            raise BuildError(f"no disk space: less than 1 GiB free under {d}")
+            raise HyflashError(f"no disk space: less than 1 GiB free under {d}")
     train_files, held_files, root = split_files(args.stdlib)
     print(f"stdlib {root}: {len(train_files)} train files, {len(held_files)} held-out")
 
