@@ -160,7 +160,7 @@ def drafter_rows(path: str) -> list[tuple[str, object]]:
     folder, cfg, meta = read_drafter_config(path)
     training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
     target = str(training.get("target", "T"))
-    if target == str(pocket.HERE / "model"):
+    if pocket.is_pocket_folder(target):
         target = "pocket"
     grows = "fixed, any context" if cfg.arch == "hyflash" else "its window is the whole context"
     with torch.device("meta"):  # sizes only: no weights, no embedding table

@@ -23,6 +23,12 @@ def path() -> Path:
     return folder
 
 
+def is_pocket_folder(recorded: str | Path) -> bool:
+    """Whether a recorded target path (a drafter's training report) names the pocket
+    model's folder: in this checkout, or in the one that trained the drafter."""
+    return Path(recorded).parts[-4:] == ("hyflash", "models", "pocket", "model")
+
+
 DRAFTERS = {"pocket": "hyflash", "pocket-hyflash": "hyflash", "pocket-full": "full"}
 
 
