@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--target", required=True, metavar="PATH_OR_HUB_ID",
                    help="a Hugging Face model folder (config.json, safetensors, tokenizer), "
-                        "a hub id, or `pocket` (the embedded model)")
+                        "a .gguf file, a hub id, or `pocket` (the embedded model)")
     p.add_argument("--drafter", required=True, metavar="DIR",
                    help="the drafter trained for this target (`hyflash train --out DIR`)")
     p.add_argument("--backend", choices=BACKENDS, default="onnx",

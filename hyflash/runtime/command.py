@@ -19,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("what to run (--target with --drafter or --no-draft, or --bundle)")
     src.add_argument("--target", metavar="PATH_OR_HUB_ID",
                      help="a Hugging Face model folder (config.json, safetensors, tokenizer), "
-                          "a hub id, or `pocket` (the embedded model); runs in plain torch")
+                          "a .gguf file, a hub id, or `pocket` (the embedded model); runs "
+                          "in plain torch")
     src.add_argument("--drafter", metavar="DIR", help="a drafter folder from `hyflash train`")
     src.add_argument("--bundle", metavar="DIR",
                      help="an exported ONNX bundle (`hyflash export`): runs its graphs with "

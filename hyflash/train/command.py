@@ -27,8 +27,8 @@ MEMORY_KINDS = ("prefix-slots", "decayed-linear", "none")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True,
-                   help="Hugging Face model folder or hub id of the target "
-                        "(`pocket` = the embedded pocket model)")
+                   help="the target: a Hugging Face model folder, a .gguf file, a hub id, "
+                        "or `pocket` (the embedded pocket model)")
     p.add_argument("--data", required=True,
                    help="prompt corpus: a folder of text files, a .txt, a .jsonl with "
                         "'text'/'prompt' fields, or `stdlib` (the pocket model's train split)")

@@ -56,13 +56,15 @@ def check_tokenizer(tokenizer, target: Target) -> None:
 
 # ----------------------------------------------------------------- generation
 
-PREFILL_SCORES_BYTES = 1 << 28  # attention scores of one prefill chunk: bounds peak memory
+PREFILL_SCORES_BYTES = 1 << 25  # attention scores of one prefill chunk (32 MB)
 
 
 def prefill_chunk(target: Target, n: int, keys: int) -> int:
     """Prompt tokens per prefill call, so that one layer's attention scores (n rows x
-    heads x chunk x keys, fp32) stay under PREFILL_SCORES_BYTES: a batch of 32 prompts
-    of 2000 tokens in one call would need 4.6 GB for them."""
+    heads x chunk x keys, fp32) stay under PREFILL_SCORES_BYTES. A batch of 32 prompts
+    of 2000 tokens in one call would need 4.6 GB for them; and chunks this small are
+    faster too (measured: 20-30% less prefill time than 256 MB chunks at 512-1024 tokens;
+    the scores and activations of a chunk stay in cache)."""
     per_token = n * target.cfg.num_attention_heads * keys * 4
     return max(1, PREFILL_SCORES_BYTES // per_token)
 
