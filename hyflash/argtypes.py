@@ -31,20 +31,24 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
+def _require(value, ok: bool, rule: str):
+    """value if ok, else the one-line usage error 'must be RULE, got VALUE'."""
+    if not ok:
+        shown = f"{value:g}" if isinstance(value, float) else value
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {shown}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An int >= 1 (steps, tokens, sequences, batch sizes)."""
     value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    return _require(value, value >= 1, ">= 1")
 
 
 def nonneg_int(text: str) -> int:
     """An int >= 0 (seeds, top-k where 0 means off)."""
     value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return _require(value, value >= 0, ">= 0")
 
 
 def finite_float(text: str) -> float:
@@ -60,32 +64,24 @@ def finite_float(text: str) -> float:
 def nonneg_float(text: str) -> float:
     """A finite float >= 0 (temperature: 0 means greedy)."""
     value = finite_float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
-    return value
+    return _require(value, value >= 0, ">= 0")
 
 
 def positive_float(text: str) -> float:
     value = finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value:g}")
-    return value
+    return _require(value, value > 0, "> 0")
 
 
 def unit_interval(text: str) -> float:
     """A float in (0, 1] (top-p)."""
     value = finite_float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value:g}")
-    return value
+    return _require(value, 0 < value <= 1, "in (0, 1]")
 
 
 def fraction(text: str) -> float:
     """A float in [0, 1] (shares of data)."""
     value = finite_float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value:g}")
-    return value
+    return _require(value, 0 <= value <= 1, "in [0, 1]")
 
 
 def threads(text: str) -> int:

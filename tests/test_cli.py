@@ -134,27 +134,31 @@ def test_inspect_sizes_only_contexts_the_model_supports(capsys):
            "100000 tokens is above the 2048 the model supports", "--max-seq-len <= 2048")
 
 
+GEN = ["generate", "--target", "pocket", "--no-draft", "--prompt", "x"]
+EXPORT = ["export", "--target", "pocket", "--drafter", "pocket", "--out", "b"]
+
+
 @pytest.mark.parametrize("argv,needle", [
-    (["generate", "--target", "pocket", "--no-draft", "--prompt", "x", "--max-new-tokens", "0"],
+    (GEN + ["--max-new-tokens", "0"],
      "--max-new-tokens: must be >= 1, got 0"),
-    (["generate", "--target", "pocket", "--no-draft", "--prompt", "x", "--temperature", "inf"],
+    (GEN + ["--temperature", "inf"],
      "--temperature: must be a finite number, got inf"),
-    (["generate", "--target", "pocket", "--no-draft", "--prompt", "x", "--top-k", "-1"],
+    (GEN + ["--top-k", "-1"],
      "--top-k: must be >= 0"),
-    (["generate", "--target", "pocket", "--no-draft", "--prompt", "x", "--top-p", "1.5"],
+    (GEN + ["--top-p", "1.5"],
      "--top-p: must be in (0, 1]"),
-    (["generate", "--target", "pocket", "--no-draft", "--prompt", "x", "--seed", "-1"],
+    (GEN + ["--seed", "-1"],
      "--seed: must be >= 0"),
-    (["generate", "--target", "pocket", "--no-draft", "--prompt", "x", "--threads", "0"],
+    (GEN + ["--threads", "0"],
      "--threads: must be >= 1"),
-    (["generate", "--target", "pocket", "--no-draft", "--prompt", "x", "--max-seq-len", "0"],
+    (GEN + ["--max-seq-len", "0"],
      "--max-seq-len: must be >= 1"),
     (["simulate", "b", "--max-new-tokens", "-3"], "--max-new-tokens: must be >= 1"),
     (["simulate", "b", "--temperature", "nan"], "--temperature: must be a finite number"),
     (["simulate", "b", "--threads", "-2"], "--threads: must be >= 1"),
-    (["export", "--target", "pocket", "--drafter", "pocket", "--out", "b", "--max-seq-len", "0"],
+    (EXPORT + ["--max-seq-len", "0"],
      "--max-seq-len: must be >= 1"),
-    (["export", "--target", "pocket", "--drafter", "pocket", "--out", "b", "--threads", "x"],
+    (EXPORT + ["--threads", "x"],
      "--threads: 'x' is not a whole number"),
     (["inspect", "pocket", "--max-seq-len", "-1"], "--max-seq-len: must be >= 1"),
     (["demo", "--threads", "0"], "--threads: must be >= 1"),
