@@ -54,12 +54,35 @@ def tiny_pair(root: Path, archs=("hyflash", "full"), steps: int = 60) -> tuple[P
                    root / f"work-{arch}", progress=False)
         d.save(root / f"drafter-{arch}")
         drafters[arch] = root / f"drafter-{arch}"
+    if "hyflash" in drafters:
+        drafters["hyflash-dv"] = draft_vocab_variant(target, data, drafters["hyflash"], root)
     return folder, drafters
 
 
-# bundle name -> (drafter arch, window cache); hyflash-features keeps fused features
+DRAFT_VOCAB = 24  # of the tiny vocabulary's 48 words
+
+
+def draft_vocab_variant(target: Target, data: DistillSet, trained: Path, root: Path) -> Path:
+    """The trained hyflash drafter restricted to the DRAFT_VOCAB words the target wrote
+    most: same weights, a reduced draft vocabulary (-inf logits outside it)."""
+    from hyflash.models.draft_vocab import most_frequent
+    from hyflash.models.drafter import load_drafter
+
+    src = load_drafter(trained, target)
+    d = Drafter(type(src.cfg)(**{**src.cfg.to_dict(), "draft_vocab": DRAFT_VOCAB}),
+                target.embed_tokens, target.lm_head)
+    d.load_state_dict(src.state_dict(), strict=False)
+    prompts_, generated = zip(*data.token_parts(), strict=True)
+    d.draft_head.set_ids(most_frequent(list(generated), list(prompts_), DRAFT_VOCAB,
+                                       target.cfg.vocab_size))
+    d.save(root / "drafter-hyflash-dv")
+    return root / "drafter-hyflash-dv"
+
+
+# bundle name -> (drafter, window cache); hyflash-features keeps fused features,
+# hyflash-dv scores a reduced draft vocabulary
 BUNDLES = {"hyflash": ("hyflash", "kv"), "full": ("full", "kv"),
-           "hyflash-features": ("hyflash", "features")}
+           "hyflash-features": ("hyflash", "features"), "hyflash-dv": ("hyflash-dv", "kv")}
 
 
 def exported_pair(root: Path) -> tuple[Path, dict, dict]:

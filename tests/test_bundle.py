@@ -174,6 +174,15 @@ def test_format_1_bundles_are_read_and_run(onnx_bundles, tmp_path, fixture, sour
     assert tokens(bundle) == tokens(onnx_bundles[2][source])
 
 
+def test_a_manifest_from_before_draft_vocabularies_reads_as_the_full_vocabulary(onnx_bundles,
+                                                                                 tmp_path):
+    data = raw(onnx_bundles[2]["hyflash"])
+    del data["drafter"]["config"]["draft_vocab"]
+    bundle = copy(onnx_bundles[2]["hyflash"], tmp_path, data)
+    assert read_bundle(bundle).manifest.drafter.config.draft_vocab == 0
+    assert tokens(bundle) == tokens(onnx_bundles[2]["hyflash"])
+
+
 def test_format_1_copies_that_disagree_are_an_edit(tmp_path):
     v1 = json.loads((DATA / "manifest_v1_kv.json").read_text())
     v1["block_size"] = 8

@@ -122,16 +122,19 @@ class Obj:
             raise ManifestError(self.at(extra[0]), "is not a field of this manifest format")
 
 
-def read_config(cls: type, value: Any, path: str, nonneg: tuple[str, ...] = ()):
+def read_config(cls: type, value: Any, path: str, nonneg: tuple[str, ...] = (),
+                added: tuple[str, ...] = ()):
     """A config dataclass (TargetConfig, DrafterConfig) from its JSON object: every field
-    present and of its annotated type; integers >= 1 (sizes) except those in nonneg
-    (token ids, layer indices) >= 0; floats finite and > 0. The class's own checks run
-    last, and their message is kept."""
+    present (but those in ``added``, fields newer than the format, which take their
+    default when absent) and of its annotated type; integers >= 1 (sizes) except those in
+    nonneg (token ids, layer indices, 0 = off) >= 0; floats finite and > 0. The class's
+    own checks run last, and their message is kept."""
     obj = Obj(value, path)
     hints = typing.get_type_hints(cls)
     kwargs = {f.name: typed(obj.take(f.name), hints[f.name], obj.at(f.name),
                             0 if f.name in nonneg else 1)
-              for f in dataclasses.fields(cls) if f.init}
+              for f in dataclasses.fields(cls) if f.init
+              and not (f.name in added and f.name not in obj.d)}
     obj.done()
     try:
         return cls(**kwargs)

@@ -229,7 +229,8 @@ class DrafterEntry:
 
         o = Obj(v, path)
         entry = cls(o.text("source"),
-                    read_config(DrafterConfig, o.take("config"), o.at("config"), ("tap_layers",)),
+                    read_config(DrafterConfig, o.take("config"), o.at("config"),
+                                ("tap_layers", "draft_vocab"), added=("draft_vocab",)),
                     o.text("window_cache", WINDOW_CACHES),
                     tuple(StateSpec.from_dict(s, p) for s, p in o.items("state")))
         o.done()

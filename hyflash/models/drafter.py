@@ -24,7 +24,9 @@ Two execution forms of the same weights:
   the fused features themselves (``"features"``: a quarter of the bytes for two layers,
   but every draft recomputes the window's K/V). Same weights, same outputs.
 
-The drafter shares the target's token embedding and LM head and never trains them.
+The drafter shares the target's token embedding and LM head and never trains them. With
+a reduced draft vocabulary (``draft_vocab`` > 0, ``draft_vocab.py``) it scores only the
+rows of that LM head for the target's most frequent tokens.
 Position p's anchor has context features 0..p-1 and predicts tokens p+1..p+B-1.
 """
 
@@ -39,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyflash.errors import HyflashError
+from hyflash.models.draft_vocab import DraftHead, check_draft_vocab
 from hyflash.models.memory import DEFAULT_MEMORY, MEMORY_KINDS, make_memory
 from hyflash.models.target import MLP, RMSNorm, Target, TargetConfig, apply_rope
 
@@ -65,9 +68,11 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tap_layers: tuple[int, ...] = field(default_factory=tuple)
+    draft_vocab: int = 0  # token ids the drafter scores; 0 = the target's whole vocabulary
 
     def __post_init__(self):
         self.tap_layers = tuple(self.tap_layers)
+        check_draft_vocab(self.draft_vocab, self.vocab_size)
         if self.arch not in ARCHS:
             raise HyflashError(f"unknown drafter arch {self.arch!r}: choose hyflash or full")
         if self.memory not in MEMORY_KINDS:
@@ -222,6 +227,7 @@ class Drafter(nn.Module):
         self.lm_head = lm_head
         for p in (*embed_tokens.parameters(), *lm_head.parameters()):
             p.requires_grad_(False)
+        self.draft_head = DraftHead(lm_head, cfg.draft_vocab) if cfg.draft_vocab else None
         self.memory_off = False  # ablation switch: zero the memory read-out at inference
         self.window_cache = "kv"  # step-form window layout: per-layer "kv" or "features"
 
@@ -237,13 +243,21 @@ class Drafter(nn.Module):
         return torch.cat([a, m], dim=-2)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(h))
+        """Logits over the drafter's output vocabulary: the draft vocabulary if it has
+        one ([..., Vd]), else the target's ([..., V])."""
+        x = self.norm(h)
+        return self.lm_head(x) if self.draft_head is None else self.draft_head(x)
+
+    def label_space(self, labels: torch.Tensor) -> torch.Tensor:
+        """Token ids -> indices into ``head``'s output (-1: outside the draft vocabulary)."""
+        return labels if self.draft_head is None else self.draft_head.labels(labels)
 
     # ---------------------------------------------------------------- parallel form
 
     def forward(self, tokens: torch.Tensor, features: torch.Tensor,
                 anchors: torch.Tensor) -> torch.Tensor:
-        """tokens [N,T], features [N,T,F], anchors [N,A] -> logits [N,A,B-1,V]."""
+        """tokens [N,T], features [N,T,F], anchors [N,A] -> logits [N,A,B-1,V] (V: the
+        output vocabulary of ``head``; compare with ``label_space`` of the labels)."""
         cfg, bsz = self.cfg, self.cfg.block_size
         n, t = tokens.shape
         a = anchors.shape[1]
@@ -359,7 +373,8 @@ class Drafter(nn.Module):
         return out
 
     def draft(self, state: dict[str, torch.Tensor], anchor: torch.Tensor) -> torch.Tensor:
-        """anchor token [1] at position count -> block logits [B-1, V]."""
+        """anchor token [1] at position count -> block logits [B-1, V] over the target's
+        whole vocabulary (-inf outside a draft vocabulary)."""
         cfg, bsz = self.cfg, self.cfg.block_size
         count = state["count"]
         dtype = state_dtype(state)
@@ -377,7 +392,8 @@ class Drafter(nn.Module):
             k, v = self.window_kv(state, li)
             h = layer(h, h_rope, layer.heads(k[None]), layer.heads(v[None]), ctx_rope, mask,
                       mem)
-        return self.head(h[:, 1:])[0]  # 3-D: exports as MatMul, which int4/int8 quantize
+        logits = self.head(h[:, 1:])[0]  # 3-D: exports as MatMul, which int4/int8 quantize
+        return logits if self.draft_head is None else self.draft_head.to_full(logits)
 
     def state_bytes(self, dtype_bytes: int = 4) -> int:
         """Draft-side memory: every state tensor, whatever the context length."""
@@ -387,8 +403,8 @@ class Drafter(nn.Module):
     # --------------------------------------------------------------- save / load
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.state_dict().items()
-                if not k.startswith(("embed_tokens.", "lm_head."))}
+        """What a drafter folder saves: everything but what derives from the target."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(DERIVED)}
 
     def save(self, folder: Path, extra: dict | None = None) -> None:
         from safetensors.torch import save_file
@@ -398,6 +414,9 @@ class Drafter(nn.Module):
         (folder / "config.json").write_text(json.dumps(meta, indent=1))
         save_file({k: v.contiguous() for k, v in self.trainable_state().items()},
                   folder / "model.safetensors")
+
+
+DERIVED = ("embed_tokens.", "lm_head.", "draft_head.proj.")  # the target's weights
 
 
 def resolve_drafter_folder(folder: str | Path) -> Path:
@@ -481,10 +500,15 @@ def load_drafter(folder: str | Path, target: Target) -> Drafter:
     state = load_safetensors_file(folder / "model.safetensors", RETRAIN)
     check_shapes(drafter, state, folder / "model.safetensors", RETRAIN)
     missing, unexpected = drafter.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith(("embed_tokens.", "lm_head."))]
+    missing = [k for k in missing if not k.startswith(DERIVED)]
     if missing or unexpected:
         raise HyflashError(f"drafter weights in {folder} do not match its config: missing "
                            f"{missing[:3]}, unexpected {unexpected[:3]}; {RETRAIN}")
+    if drafter.draft_head is not None:  # its rows of the target's LM head, for the saved ids
+        try:
+            drafter.draft_head.set_ids(drafter.draft_head.ids.clone())
+        except HyflashError as e:
+            raise HyflashError(f"drafter at {folder}: {e}; {RETRAIN}") from None
     return drafter.to(target.embed_tokens.weight.dtype).eval()
 
 

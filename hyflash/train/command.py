@@ -53,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "queries read the memory into extra keys of the softmax), "
                         "decayed-linear (every query reads it, a gate mixes it in) or none "
                         "(window only)")
+    g.add_argument("--draft-vocab", type=nonneg_int, default=0,
+                   help="score only this many token ids, the ones the target writes most in "
+                        "the distillation data (EAGLE-3's reduced draft vocabulary: a smaller "
+                        "LM head, still lossless); 0 = the whole vocabulary")
     g.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="context the drafter serves (default: the target's, at most "
                         "its max_position_embeddings)")
@@ -122,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)  # the drafter's initial weights
     drafter = Drafter.for_target(target, args.arch, num_layers=args.layers,
                                  num_heads=args.heads, block_size=args.block_size,
+                                 draft_vocab=args.draft_vocab,
                                  **({} if args.arch == "full" else
                                     {"window": args.window, "memory": args.memory}))
     spec = data_spec(args, target.cfg.max_seq_len)
@@ -139,9 +144,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"data ready in {data_dir}; rerun without --data-only to train")
         return 0
     data = DistillSet(data_dir)
+    if drafter.draft_head is not None:
+        from hyflash.models.draft_vocab import most_frequent
+
+        prompts, generated = zip(*data.token_parts(), strict=True)
+        drafter.draft_head.set_ids(most_frequent(list(generated), list(prompts),
+                                                 args.draft_vocab, target.cfg.vocab_size))
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
                            lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed)
-    run_name = f"train-{args.arch}"
+    run_name = f"train-{args.arch}" + (f"-dv{args.draft_vocab}" if args.draft_vocab else "")
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
     report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet)

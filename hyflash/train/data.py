@@ -187,6 +187,11 @@ class DistillSet:
     def __len__(self) -> int:
         return len(self.items)
 
+    def token_parts(self):
+        """(prompt tokens, generated tokens) of every sequence, as numpy views."""
+        for si, a, b, _, plen in self.items:
+            yield self.tokens[si][a:a + plen], self.tokens[si][a + plen:b]
+
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         si, a, b, f, plen = self.items[i]
         tokens = torch.from_numpy(np.asarray(self.tokens[si][a:b], dtype=np.int64))

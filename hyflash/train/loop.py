@@ -64,8 +64,11 @@ def make_batch(data: DistillSet, ids: list[int], anchors: int, bsz: int,
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
-    """logits [N,A,B-1,V], labels [N,A,B-1] -> weighted CE, per-position accuracy."""
-    ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none")
+    """logits [N,A,B-1,V], labels [N,A,B-1] (indices into V; -1 = a token the drafter
+    cannot score, outside its draft vocabulary: no loss, a miss) -> weighted CE,
+    per-position accuracy."""
+    ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none",
+                         ignore_index=-1)
     ce = ce.view(labels.shape)
     loss = (ce * weights).sum(-1).mean() / weights.sum()
     acc = (logits.argmax(-1) == labels).float().mean((0, 1))
@@ -97,7 +100,7 @@ def evaluate(drafter: Drafter, data: DistillSet, ids: list[int], spec: TrainSpec
     for a in range(0, len(ids), spec.batch):
         tokens, feats, anchors, labels = make_batch(data, ids[a:a + spec.batch], spec.anchors,
                                                     bsz, rng)
-        loss, acc = block_loss(drafter(tokens, feats, anchors), labels, w)
+        loss, acc = block_loss(drafter(tokens, feats, anchors), drafter.label_space(labels), w)
         losses.append(loss.item())
         accs.append(acc)
     drafter.train()
@@ -141,6 +144,8 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
     if state is not None:
         check_resumable(ckpt, state.get("run", run), run)
         drafter.load_state_dict(state["drafter"], strict=False)
+        if drafter.draft_head is not None:  # the LM head rows of the resumed ids
+            drafter.draft_head.set_ids(drafter.draft_head.ids.clone())
         opt.load_state_dict(state["opt"])
         step, last_loss = state["step"], state.get("loss")
     drafter.train()
@@ -153,7 +158,7 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         tokens, feats, anchors, labels = make_batch(data, ids.tolist(), spec.anchors, bsz, rng)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, spec) * g["lr_scale"]
-        loss, acc = block_loss(drafter(tokens, feats, anchors), labels, w)
+        loss, acc = block_loss(drafter(tokens, feats, anchors), drafter.label_space(labels), w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
