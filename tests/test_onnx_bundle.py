@@ -94,6 +94,32 @@ def test_manifest_records_the_io_contract_state_and_kv_layout(pair):
     assert m.kv_bytes_per_token == 2 * layers * 2 * 8 * 4
 
 
+def test_the_tied_embedding_is_stored_once_and_loaded_once(pair):
+    """Target and drafter step graph reference one file; their sessions one buffer. (The
+    drafter's step and commit graphs also share its projections the same way.)"""
+    folder, _, bundles = pair
+    embed = Target.from_pretrained(folder).embed_tokens.weight.detach().numpy()
+    for bundle in bundles.values():
+        m = read_bundle(bundle).manifest
+        (name, w), = [(n, w) for n, w in m.shared_weights.items() if w.shape == embed.shape]
+        assert w.roles == ("drafter_step", "target")
+        assert name == "shared.target.embed_tokens.weight"
+        assert m.quantization.recipe != "fp32" or any(  # (int4 ones are below MIN_BYTES)
+            w.roles == ("drafter_commit", "drafter_step") for w in m.shared_weights.values())
+        np.testing.assert_array_equal(np.fromfile(bundle / w.file, np.float32).reshape(w.shape),
+                                      embed)
+        for role in w.roles:
+            inits = onnx.load(str(bundle / m.models[role].file),
+                              load_external_data=False).graph.initializer
+            held = [i for i in inits if i.name == name]
+            assert len(held) == 1 and held[0].data_location == onnx.TensorProto.EXTERNAL
+            assert not any(i.raw_data == embed.tobytes() for i in inits)  # no second copy
+    ort_target, ort_drafter = onnx_pair(bundles["hyflash"])
+    pointers = [{v.data_ptr() for n, v in s.hyflash_shared if n == name}
+                for s in (ort_target.session, ort_drafter.step)]
+    assert len(pointers[0]) == 1 and pointers[0] == pointers[1]
+
+
 # ------------------------------------------------------------ graphs vs torch
 
 @torch.no_grad()
@@ -257,7 +283,8 @@ def test_onnx_runtime_fuses_every_rms_norm(pair, tmp_path):
         opts = ort.SessionOptions()
         opts.optimized_model_filepath = str(tmp_path / f"{role}.onnx")
         ort.InferenceSession(str(bundle.path(role)), opts, providers=["CPUExecutionProvider"])
-        ops = [node.op_type for node in onnx.load(opts.optimized_model_filepath).graph.node]
+        optimized = onnx.load(opts.optimized_model_filepath, load_external_data=False)
+        ops = [node.op_type for node in optimized.graph.node]
         assert ops.count("SimplifiedLayerNormalization") == n, role
         assert "Reciprocal" not in ops
 

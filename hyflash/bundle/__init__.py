@@ -17,7 +17,9 @@ Format history (``FORMAT_VERSION``; bump on every change, keep a reader for the 
    patterns; ``manifest_sha256`` over the manifest's own canonical JSON, so a hand-edited
    ``block_size`` or ``max_seq_len`` is reported as an edit instead of failing later
    inside a runtime; ``kv_cache.form``: ``past_present`` (optimum's explicit KV I/O) or
-   ``in_place`` (the lean target graph's static buffers, ``TARGET_ROLES``).
+   ``in_place`` (the lean target graph's static buffers, ``TARGET_ROLES``). Added
+   later, optional: ``shared_weights`` (an initializer several graphs share, stored once:
+   ``SharedWeight``), ``drafter.config.draft_vocab`` (0 when absent).
 
 Backends plug in through ``ROLES``: the graph roles a backend's bundle holds, which model
 of the pair each runs and the named I/O a runtime binds (an ExecuTorch program's methods
@@ -47,6 +49,7 @@ from hyflash.bundle.records import (
     KVCacheSpec,
     ModelContract,
     Quantization,
+    SharedWeight,
     TargetEntry,
     TensorSpec,
     relative_file,
@@ -99,6 +102,7 @@ class Manifest:
     models: dict[str, ModelContract]
     files: dict[str, FileEntry] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION  # the version it was read from
+    shared_weights: dict[str, SharedWeight] = field(default_factory=dict)  # by initializer
 
     # derived facts: each is stored once, in a config or spec
 
@@ -163,7 +167,10 @@ class Manifest:
                         for role, c, p in o.entries("models")},
                 files={relative_file(n, p): FileEntry.from_dict(e, p)
                        for n, e, p in o.entries("files")},
-                format_version=version)
+                format_version=version,
+                shared_weights={n: SharedWeight.from_dict(w, p)
+                                for n, w, p in (o.entries("shared_weights")
+                                                if "shared_weights" in o else ())})
         tokenizer.done()
         o.done()
         return m
@@ -175,7 +182,9 @@ class Manifest:
                 "quantization": self.quantization.to_dict(),
                 "tokenizer": {"files": list(self.tokenizer_files)},
                 "models": {r: c.to_dict() for r, c in self.models.items()},
-                "files": {n: e.to_dict() for n, e in self.files.items()}}
+                "files": {n: e.to_dict() for n, e in self.files.items()},
+                **({"shared_weights": {n: w.to_dict() for n, w in self.shared_weights.items()}}
+                   if self.shared_weights else {})}
 
     # ------------------------------------------------------------ consistency
 
@@ -217,6 +226,17 @@ class Manifest:
         for name in self.tokenizer_files:
             if name not in self.files:
                 raise ManifestError("tokenizer.files", f"lists {name}, which files does not list")
+        for name, w in self.shared_weights.items():
+            path = f"shared_weights.{name}"
+            if w.file not in self.files:
+                raise ManifestError(f"{path}.file", f"names {w.file}, which files does not list")
+            if self.files[w.file].bytes != w.bytes:
+                raise ManifestError(f"{path}.file", f"holds {self.files[w.file].bytes} bytes, "
+                                                    f"not the {w.bytes} of its shape and dtype")
+            for role in w.roles:
+                if role not in self.models:
+                    raise ManifestError(f"{path}.roles", f"names {role!r}, not a graph of the "
+                                                         "bundle")
 
     def check_state_specs(self, c: ModelContract, path: str) -> None:
         """Each state tensor enters and leaves a drafter graph with its recorded shape."""
@@ -294,6 +314,21 @@ class Bundle:
 
     def contract(self, role: str) -> ModelContract:
         return self.manifest.model(role)
+
+    def shared_arrays(self, role: str) -> dict[str, Any]:
+        """The shared initializers a role's graph references, as numpy arrays, each read
+        from disk once per Bundle (a runtime hands the same buffer to every session)."""
+        import numpy as np
+
+        cache = self.__dict__.setdefault("_shared", {})
+        out = {}
+        for name, w in self.manifest.shared_weights.items():
+            if role in w.roles:
+                if name not in cache:
+                    cache[name] = np.fromfile(self.folder / w.file, dtype=w.dtype) \
+                        .reshape(w.shape)
+                out[name] = cache[name]
+        return out
 
 
 def parse_manifest(data: Any, source: str = MANIFEST, where: str = "the bundle") -> Manifest:

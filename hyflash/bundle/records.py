@@ -15,7 +15,8 @@ from typing import Any
 
 from hyflash.bundle.fields import ManifestError, Obj, need_int, need_str, read_config
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1,
+               "uint8": 1, "int8": 1}
 KV_FORMS = {"past_present": "[1, kv_heads, positions, head_dim] per layer, keys and values; "
                             "the past goes in, past + new comes out",
             "in_place": "[1, kv_heads, max_seq_len, head_dim] per layer, keys and values; one "
@@ -157,6 +158,36 @@ class ModelContract:
         d.update({k: getattr(self, k) for k in ("commit_rows", "method")
                   if getattr(self, k) is not None})
         return d
+
+
+@dataclass(frozen=True)
+class SharedWeight:
+    """One initializer that several graphs hold (the tied token embedding of the target
+    and the drafter): stored once, as raw little-endian bytes in ``file``, which each of
+    ``roles``' graphs references as ONNX external data under the same initializer name.
+    A runtime loads it once and hands the same buffer to every session."""
+
+    file: str
+    shape: tuple[int, ...]
+    dtype: str
+    roles: tuple[str, ...]
+
+    @classmethod
+    def from_dict(cls, v: Any, path: str) -> SharedWeight:
+        o = Obj(v, path)
+        w = cls(relative_file(o.take("file"), o.at("file")),
+                tuple(need_int(d, p, 1) for d, p in o.items("shape")),
+                o.text("dtype", DTYPE_BYTES), tuple(need_str(r, p) for r, p in o.items("roles")))
+        o.done()
+        return w
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "shape": list(self.shape), "dtype": self.dtype,
+                "roles": list(self.roles)}
+
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The order is the pipeline's: load the pair (checked against each other), export fp32
 graphs into a scratch folder, quantize each into the bundle with the chosen recipe,
-check every file with onnx.checker, copy the tokenizer and Hugging Face config files
+store once the weights several graphs hold (``shared_weights``: the tied token
+embedding), check every file with onnx.checker, copy the tokenizer and Hugging Face config files
 (optimum's ORTModelForCausalLM loads the target from the bundle folder with them), then
 build the manifest from the records of ``hyflash.bundle``, the one definition of the
 format. ``hyflash.bundle.write_bundle`` checks it with the readers' own checks, seals it
@@ -25,6 +26,7 @@ from hyflash.errors import HyflashError
 from hyflash.export import onnx as ox
 from hyflash.export.onnx_lean import target_graph_form
 from hyflash.export.quantize import check_recipe, quantize, quiet_logger
+from hyflash.export.shared_weights import share_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -78,14 +80,16 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
             bar.set_postfix_str(f"quantize {quant}")
             recipe = strip_recipe({role: quantize(quant, s / name, tmp / name)
                                    for role, name in files.items()})
+            shared = share_weights(tmp, files)
             bar.update()
             bar.set_postfix_str("check + tokenizer")
             for name in files.values():
                 onnx.checker.check_model(str(tmp / name), full_check=True)
             tok_files = copy_tokenizer(folder, tmp)
             bar.update()
-        return build_manifest(target, drafter, folder, drafter_dir, tmp, quant, recipe,
-                              tok_files, files, kv_cache)
+        manifest = build_manifest(target, drafter, folder, drafter_dir, tmp, quant, recipe,
+                                  tok_files, files, kv_cache)
+        return replace(manifest, shared_weights=shared)
 
     return write_bundle(out, fill)
 
@@ -148,18 +152,22 @@ def requantize_bundle(src: str | Path, quant: str, out: str | Path) -> Manifest:
         import onnx
 
         recipe = {}
-        for role, model in old.models.items():
+        for role, model in old.models.items():  # the graphs come out with all their data
             recipe[role] = quantize(quant, bundle.folder / model.file, tmp / model.file)
-            onnx.checker.check_model(str(tmp / model.file), full_check=True)
         graphs = {m.file for m in old.models.values()}
+        stored = {w.file for w in old.shared_weights.values()}
         for name in old.files:
-            if name not in graphs:
+            if name not in graphs and name not in stored:
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(bundle.folder / name, tmp / name)
+        shared = share_weights(tmp, {role: m.file for role, m in old.models.items()})
+        for model in old.models.values():
+            onnx.checker.check_model(str(tmp / model.file), full_check=True)
         models = {role: ox.io_contract(tmp / m.file, role, m.commit_rows)
                   for role, m in old.models.items()}
         return replace(old, hyflash_version=__version__, models=models, files={},
-                       quantization=Quantization(quant, strip_recipe(recipe)))
+                       quantization=Quantization(quant, strip_recipe(recipe)),
+                       shared_weights=shared)
 
     return write_bundle(out, fill)
 

@@ -31,7 +31,6 @@ onnxscript's constant folder, which gives the LM head its own (transposed) weigh
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,7 +41,11 @@ BLOCK = 32  # weights per quantization block (and per fp32 scale)
 
 
 def fp32(src: Path, dst: Path) -> dict:
-    shutil.copyfile(src, dst)
+    """The graph as exported, every weight inside the file (external data, such as a
+    bundle's shared weights, is read in: dst may be in another folder)."""
+    import onnx
+
+    onnx.save_model(onnx.load(str(src)), str(dst))
     return {"recipe": "fp32", "weights": "float32"}
 
 
