@@ -70,7 +70,16 @@ class GenerationStats:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far (not only of one run)."""
+    """Peak resident set size of this process so far (not only of one run). On Linux
+    from /proc (VmHWM): getrusage's ru_maxrss also counts the parent's resident set at
+    fork, so a process started by a big one (a benchmark driver) reported the parent's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**10  # kB
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
 
