@@ -1,6 +1,9 @@
 """Where an ONNX bundle's time goes: per-call cost of the target (decode T=1, verify T=B)
 and the drafter step, split into kernel time and what is left (ONNX Runtime's per-node
-dispatch and host copies), plus the op types that cost most.
+dispatch and host copies), plus the op types that cost most. Either target graph form:
+the lean graph (``model_lean.onnx``, KV form ``in_place``) is profiled with its static
+KV buffers bound in place as ``OnnxLeanTarget`` binds them, the optimum form with its
+past/present KV as explicit inputs and outputs.
 
     python benchmarks/onnx_profile.py --bundle benchmarks/results/onnx-pocket/bundles/fp32 \
         --out benchmarks/results/onnx-profile [--scaled] [--threads 1]
@@ -28,7 +31,7 @@ import numpy as np
 import torch
 
 from hyflash.export.bundle import export_onnx_bundle
-from hyflash.runtime.onnx_backend import load_onnx_pair
+from hyflash.runtime.onnx_backend import NP_DTYPES, load_onnx_pair
 
 SCALED = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
               num_attention_heads=16, num_key_value_heads=8)
@@ -85,19 +88,23 @@ def call_costs(bundle: Path, contexts: list[int], threads: int, repeats: int) ->
     return rows
 
 
-def kernel_profile(path: Path, feeds: dict, threads: int, runs: int) -> dict:
-    """ONNX Runtime's own profiler: kernel time per op type, per call, and node counts."""
+def kernel_profile(path: Path, make_call, threads: int, runs: int) -> dict:
+    """ONNX Runtime's own profiler: kernel time per op type, per call, and node counts.
+    make_call(session) -> a function making one call of the graph on that session."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the runtime
         opts.enable_profiling = True
         opts.profile_file_prefix = f"{tmp}/p"
         opts.log_severity_level = 3
         sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        call = make_call(sess)
         for _ in range(runs):
-            sess.run(None, feeds)
+            call()
         events = json.loads(Path(sess.end_profiling()).read_text())
     by_op, by_node = collections.Counter(), collections.Counter()
     for e in events:
@@ -111,27 +118,46 @@ def kernel_profile(path: Path, feeds: dict, threads: int, runs: int) -> dict:
             "top_ops": [(op, round(d / runs / 1000, 3)) for op, d in by_op.most_common(6)]}
 
 
-def graph_feeds(bundle: Path, ctx: int) -> dict[str, dict]:
-    """Inputs for profiling each graph on its own: target at T=1 and T=B, drafter step."""
-    b, target, drafter = load_onnx_pair(bundle, verify_hashes=False)
-    cfg = b.manifest.target.config
-    bsz = b.manifest.block_size
+def target_call(bundle, ctx: int, t: int):
+    """make(session) -> one call of t tokens after ctx cached positions, made the way the
+    runtime makes it for the bundle's target graph form. The cached positions hold zeros,
+    which cost the same as real keys/values."""
+    m = bundle.manifest
+    cfg = m.target.config
+    past_names, _ = m.kv_names()
+    if m.kv_cache.form == "in_place":  # the lean graph: static buffers, updated in place
+        from hyflash.runtime.onnx_lean import OnnxLeanTarget
 
-    def target_feeds(t: int) -> dict:
-        past = np.zeros((1, cfg.num_key_value_heads, ctx, cfg.head_dim), target.kv_dtype)
-        f = {"input_ids": np.ones((1, t), np.int64),
+        def make_lean(session):
+            lean = OnnxLeanTarget(session, cfg, m.kv_names())
+            tokens = np.ones(t, np.int64)
+
+            def call():
+                lean.length = ctx  # every call writes the same rows after ctx positions
+                lean.run(tokens, ctx)
+            return call
+        return make_lean
+    past = np.zeros((1, cfg.num_key_value_heads, ctx, cfg.head_dim),
+                    NP_DTYPES[m.kv_cache.dtype])
+    feeds = {"input_ids": np.ones((1, t), np.int64),
              "attention_mask": np.ones((1, ctx + t), np.int64),
-             "position_ids": np.arange(ctx, ctx + t, dtype=np.int64)[None]}
-        f.update({n: past for n in target.past_names})
-        return f
+             "position_ids": np.arange(ctx, ctx + t, dtype=np.int64)[None],
+             **{n: past for n in past_names}}
+    return lambda session: partial(session.run, None, feeds)
 
+
+def graph_calls(bundle: Path, ctx: int) -> dict[str, tuple]:
+    """label -> (graph role, make_call) for profiling each graph on its own: the target at
+    T=1 and T=B, and the drafter step."""
+    b, _, drafter = load_onnx_pair(bundle, verify_hashes=False)
+    bsz = b.manifest.block_size
     step = {"anchor": np.array([1], np.int64), "n_valid": np.array([bsz], np.int64),
             "features": np.zeros((drafter.step_rows, drafter.feature_size), np.float32),
             **drafter.state}
     step["state.count"] = np.array([ctx], np.int64)
-    return {"target T=1": ("target", target_feeds(1)), f"target T={bsz}": ("target",
-                                                                          target_feeds(bsz)),
-            "drafter step": ("drafter_step", step)}
+    return {"target T=1": ("target", target_call(b, ctx, 1)),
+            f"target T={bsz}": ("target", target_call(b, ctx, bsz)),
+            "drafter step": ("drafter_step", lambda session: partial(session.run, None, step))}
 
 
 def profile_bundle(bundle: Path, contexts: list[int], threads: int, repeats: int) -> dict:
@@ -139,9 +165,10 @@ def profile_bundle(bundle: Path, contexts: list[int], threads: int, repeats: int
 
     b = read_bundle(bundle, verify_hashes=False)
     kernels = {}
-    for label, (role, feeds) in graph_feeds(bundle, contexts[0]).items():
-        kernels[label] = kernel_profile(b.path(role), feeds, threads, repeats)
-    return {"bundle": str(bundle), "calls": call_costs(bundle, contexts, threads, repeats),
+    for label, (role, make_call) in graph_calls(bundle, contexts[0]).items():
+        kernels[label] = kernel_profile(b.path(role), make_call, threads, repeats)
+    return {"bundle": str(bundle), "target_graph": b.manifest.kv_cache.form,
+            "calls": call_costs(bundle, contexts, threads, repeats),
             "kernels": kernels, "block_size": b.manifest.block_size}
 
 
@@ -182,7 +209,8 @@ def markdown(results: dict) -> str:
     out = []
     for name, r in results.items():
         b = r["block_size"]
-        out += [f"## {name}: `{r['bundle']}`", "",
+        out += [f"## {name}: `{r['bundle']}` (target KV: {r.get('target_graph', 'past_present')})",
+                "",
                 f"| context | ms decode (T=1) | ms verify (T={b}) | ms drafter call | "
                 "verify / decode | drafter / verify | tau to break even | tau for 2x |",
                 "|---|---|---|---|---|---|---|---|"]
@@ -203,7 +231,8 @@ def markdown(results: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--bundle", type=Path, required=True, help="an fp32 ONNX bundle")
+    p.add_argument("--bundle", type=Path, required=True,
+                   help="an ONNX bundle, either target graph form")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--scaled", action="store_true",
                    help="also profile a random phone-shaped target (exported once to --out)")
@@ -213,7 +242,7 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     contexts = [int(c) for c in args.contexts.split(",")]
-    results = {"pocket": profile_bundle(args.bundle, contexts, args.threads, args.repeats)}
+    results = {args.bundle.name: profile_bundle(args.bundle, contexts, args.threads, args.repeats)}
     if args.scaled:
         bundle = scaled_bundle(args.out / "bundles" / "scaled")
         results["scaled"] = profile_bundle(bundle, contexts, args.threads,
