@@ -315,24 +315,6 @@ class Bundle:
     def contract(self, role: str) -> ModelContract:
         return self.manifest.model(role)
 
-    def shared_arrays(self, role: str) -> dict[str, Any]:
-        """The shared initializers a role's graph references, as read-only numpy arrays
-        memory-mapped from their files, one map per Bundle (a runtime hands the same
-        buffer to every session). Mapped, not read: pages load as they are touched (an
-        embedding table only in the rows a prompt uses) and are the page cache's, so
-        they count once however many sessions, or processes, use them."""
-        import numpy as np
-
-        cache = self.__dict__.setdefault("_shared", {})
-        out = {}
-        for name, w in self.manifest.shared_weights.items():
-            if role in w.roles:
-                if name not in cache:
-                    cache[name] = np.memmap(self.folder / w.file, dtype=w.dtype, mode="r",
-                                            shape=w.shape)
-                out[name] = cache[name]
-        return out
-
 
 def parse_manifest(data: Any, source: str = MANIFEST, where: str = "the bundle") -> Manifest:
     """A checked Manifest from manifest.json's parsed JSON (any known format version)."""

@@ -62,14 +62,10 @@ def make_session(bundle: Bundle, role: str, threads: int = 0):
     opts.inter_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3  # warnings about unused initializers are not the user's
-    # shared weights: one buffer for every session, which ONNX Runtime only points to
-    shared = [(name, ort.OrtValue.ortvalue_from_numpy(array))
-              for name, array in bundle.shared_arrays(role).items()]
-    for name, value in shared:
-        opts.add_initializer(name, value)
+    # shared weights (bundle.shared_weights) are external data: ONNX Runtime memory-maps
+    # their file, so sessions share its pages and a Gather touches only the rows it reads
     session = ort.InferenceSession(str(bundle.path(role)), opts,
                                    providers=["CPUExecutionProvider"])
-    session.hyflash_shared = shared  # the buffers live as long as the session
     contract = bundle.contract(role)
     check_io(contract, "input", session.get_inputs(), contract.inputs)
     check_io(contract, "output", session.get_outputs(), contract.outputs)
