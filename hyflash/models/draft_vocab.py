@@ -80,9 +80,9 @@ def most_frequent(generated: list[np.ndarray], prompts: list[np.ndarray], size: 
                   vocab_size: int) -> torch.Tensor:
     """The ``size`` token ids the target wrote most often; ties and the tail beyond what it
     wrote are ranked by how often they occur in the prompts (held-out text the target
-    will continue shares them), then by id. Measured on SmolLM2's distillation data: with
-    8192 ids, 94.4% of held-out generated tokens are covered by generated counts alone,
-    98.3% with the prompt tail."""
+    will continue shares them), then by id. On SmolLM2's distillation data 8192 ids cover
+    98.4% of held-out generated tokens this way, 95.9% by generated counts alone
+    (``benchmarks/draft_vocab_coverage.py``)."""
     def counts(arrays):
         c = np.zeros(vocab_size, dtype=np.int64)
         for a in arrays:
