@@ -2,7 +2,8 @@
 short and long prompts: the numbers issue #6 asks for.
 
     python benchmarks/onnx_simulate.py --target pocket --drafter runs/drafter \
-        --out benchmarks/results/onnx-pocket [--threads 1] [--max-new-tokens 128]
+        --out benchmarks/results/onnx-pocket [--threads 1] [--max-new-tokens 128] \
+        [--target-graph auto|lean|optimum]
 
 Exports the pair once (fp32), requantizes it to int4 (no second export), then runs
 ``hyflash simulate`` on each bundle with a short-prompt and a long-prompt set (greedy,
@@ -41,7 +42,8 @@ def bundles(args) -> dict[str, Path]:
     root = args.out / "bundles"
     fp32, int4 = root / "fp32", root / "int4"
     if not (fp32 / "manifest.json").exists():
-        export_onnx_bundle(args.target, args.drafter, fp32, "fp32")
+        export_onnx_bundle(args.target, args.drafter, fp32, "fp32",
+                           target_graph=args.target_graph)
     if not (int4 / "manifest.json").exists():
         requantize_bundle(fp32, "int4", int4)
     return {"fp32": fp32, "int4": int4}
@@ -53,6 +55,8 @@ def main() -> None:
     p.add_argument("--drafter", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--target-graph", default="auto", choices=("auto", "lean", "optimum"),
+                   help="the target graph's form (hyflash export --target-graph)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--long-chars", type=int, default=3000,
                    help="characters of each long prompt (~1 token per 3 for code BPE)")
@@ -71,14 +75,15 @@ def main() -> None:
                 raise SystemExit(code)
             s = json.loads((report / "report.json").read_text())["summary"]
             rows.append({"quant": quant, "prompts": kind, **s})
-    arch = read_bundle(made["fp32"]).manifest.drafter.config.arch
+    manifest = read_bundle(made["fp32"]).manifest
+    arch, form = manifest.drafter.config.arch, manifest.kv_cache.form
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
     cols = [("tau", "%.2f"), ("plain_tokens_per_s", "%.1f"), ("spec_tokens_per_s", "%.1f"),
             ("speedup", "%.2fx"), ("ms_per_plain_decode_call", "%.2f"),
             ("ms_per_drafter_call", "%.2f"), ("ms_per_verify_call", "%.2f"),
             ("drafter_over_verify", "%.2f"), ("tau_for_2x", "%.2f"), ("peak_rss_mib", "%.0f")]
-    lines = [f"# ONNX Runtime simulation, {arch} drafter, {args.threads} thread(s), "
-             f"{args.max_new_tokens} new tokens", "",
+    lines = [f"# ONNX Runtime simulation, {arch} drafter, target KV form {form}, "
+             f"{args.threads} thread(s), {args.max_new_tokens} new tokens", "",
              "| quant | prompts | " + " | ".join(c for c, _ in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
     for r in rows:
