@@ -75,8 +75,8 @@ def test_export_replaces_an_old_bundle_only_when_the_new_one_is_complete(exporte
 def test_export_bad_input_is_one_line(exported, capsys, tmp_path):
     folder, drafter, _ = exported
     base = ["export", "--target", str(folder), "--drafter", str(drafter)]
-    one_line_error(capsys, base + ["--backend", "executorch", "--out", str(tmp_path / "b")],
-                   "not implemented yet")
+    one_line_error(capsys, base + ["--backend", "executorch", "--quant", "int4", "--out",
+                                   str(tmp_path / "b")], "unknown ExecuTorch quantization")
     one_line_error(capsys, base + ["--backend", "coreml", "--out", str(tmp_path / "b")],
                    "not implemented yet")
     keep = tmp_path / "my-notes"

@@ -79,7 +79,17 @@ ROLES: dict[str, dict[str, Role]] = {
         "drafter_step": Role("drafter", ("anchor", "features", "n_valid"), ("logits",)),
         "drafter_commit": Role("drafter", ("features", "n_valid"), ()),
     },
+    # one .pte, a method per role (ModelContract.method); the KV cache and the feature
+    # ring are mutable buffers inside the program, so they are no method's I/O; the
+    # target role reads the ring that forward wrote (commit_rows: the ring's rows)
+    "executorch": {
+        "forward": Role("target", ("tokens", "input_pos"), ("logits",)),
+        "target": Role("target", ("tokens", "input_pos"), ("features",)),
+        "drafter_step": Role("drafter", ("anchor", "features", "n_valid"), ("logits",)),
+        "drafter_commit": Role("drafter", ("features", "n_valid"), ()),
+    },
 }
+KV_IN_PROGRAM = "mutable_buffers"  # kv_cache.form of a cache that is no graph I/O
 # the target role's named I/O when its KV cache form is not ROLES' past/present one
 TARGET_ROLES: dict[str, Role] = {
     "in_place": Role("target", ("input_ids", "seqlens_k", "total_sequence_length"),
@@ -211,7 +221,8 @@ class Manifest:
             spec = self.role(role)
             ins, outs = list(spec.inputs), list(spec.outputs)
             if spec.model == "target":
-                ins, outs = ins + past, outs + present
+                if self.kv_cache.form != KV_IN_PROGRAM:
+                    ins, outs = ins + past, outs + present
             else:
                 if c.commit_rows is None:
                     raise ManifestError(f"{path}.commit_rows", "is missing")

@@ -21,7 +21,10 @@ KV_FORMS = {"past_present": "[1, kv_heads, positions, head_dim] per layer, keys 
                             "the past goes in, past + new comes out",
             "in_place": "[1, kv_heads, max_seq_len, head_dim] per layer, keys and values; one "
                         "static buffer bound as both past input and present output, written "
-                        "in place at the call's positions (GroupQueryAttention)"}
+                        "in place at the call's positions (GroupQueryAttention)",
+            "mutable_buffers": "[1, kv_heads, max_seq_len, head_dim] per layer, keys (k) and "
+                               "values (v); mutable buffers inside the program, shared by its "
+                               "target methods and written at input_pos; not method I/O"}
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -126,8 +129,9 @@ class KVCacheSpec:
 @dataclass(frozen=True)
 class ModelContract:
     """The I/O contract of one graph: its file, inputs and outputs as exported, the
-    feature rows a drafter graph takes per call (``commit_rows``), and for a program with
-    several methods (ExecuTorch) the method."""
+    feature rows a drafter graph takes per call (``commit_rows``; for an ExecuTorch
+    target, the rows of its feature ring), and for a program with several methods
+    (ExecuTorch) the method."""
 
     role: str
     file: str

@@ -12,6 +12,7 @@ BACKENDS = ("onnx", "executorch", "coreml")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from hyflash.export.executorch import RECIPES as ET_RECIPES
     from hyflash.export.onnx_lean import TARGET_GRAPHS
     from hyflash.export.quantize import RECIPES  # light: the heavy imports are in handlers
 
@@ -21,10 +22,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", required=True, metavar="DIR",
                    help="the drafter trained for this target (`hyflash train --out DIR`)")
     p.add_argument("--backend", choices=BACKENDS, default="onnx",
-                   help="runtime to export for (default onnx; executorch and coreml are "
-                        "not implemented yet)")
-    p.add_argument("--quant", choices=list(RECIPES), default="fp32",
-                   help="weight quantization recipe (default fp32)")
+                   help="runtime to export for (default onnx; coreml is not implemented "
+                        "yet)")
+    p.add_argument("--quant", choices=list(dict.fromkeys([*RECIPES, *ET_RECIPES])),
+                   default="fp32",
+                   help="quantization recipe (default fp32): onnx takes fp32, int8, int4 "
+                        "(weight-only); executorch takes fp32, 8da4w (int4 grouped weights, "
+                        "int8 per-token activations)")
+    p.add_argument("--group-size", type=positive_int, default=None,
+                   help="executorch 8da4w only: weights per int4 group (default 32); a "
+                        "multiple of 32 (XNNPACK) that divides every layer's input size")
     p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to write")
     p.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="max context of the exported target (default: the model's, capped "
@@ -47,9 +54,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.backend == "executorch":
+        return run_executorch(args)
     if args.backend != "onnx":
         raise HyflashError(f"--backend {args.backend} is not implemented yet: use --backend "
-                           "onnx")
+                           "onnx or executorch")
+    if args.group_size is not None:
+        raise HyflashError("--group-size applies to --backend executorch --quant 8da4w: drop it")
+    from hyflash.export.quantize import check_recipe
+
+    check_recipe(args.quant)
     require_onnx_extra("ONNX export")
     check_pair(args.target, args.drafter, args.max_seq_len)
     import torch
@@ -62,6 +76,27 @@ def run(args: argparse.Namespace) -> int:
     export_onnx_bundle(args.target, args.drafter, args.out, args.quant, args.max_seq_len,
                        progress=not args.no_progress, window_cache=args.window_cache,
                        target_graph=args.target_graph)
+    print(describe(read_bundle(args.out)))
+    return 0
+
+
+def run_executorch(args: argparse.Namespace) -> int:
+    from hyflash.export.executorch import check_recipe
+
+    check_recipe(args.quant, args.group_size)
+    if args.target_graph != "auto":
+        raise HyflashError("--target-graph applies to --backend onnx: drop it")
+    check_pair(args.target, args.drafter, args.max_seq_len)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from hyflash.bundle import read_bundle
+    from hyflash.bundle.describe import describe
+    from hyflash.export.executorch_bundle import export_executorch_bundle
+
+    export_executorch_bundle(args.target, args.drafter, args.out, args.quant, args.group_size,
+                             args.max_seq_len, progress=not args.no_progress,
+                             window_cache=args.window_cache)
     print(describe(read_bundle(args.out)))
     return 0
 

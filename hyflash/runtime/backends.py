@@ -84,6 +84,13 @@ def check_span(start_pos: int, count: int, length: int, max_seq_len: int) -> int
     return end
 
 
+def rolled_back(pos: int, length: int) -> int:
+    """The cache length after a rollback to pos, which must keep 0..length positions."""
+    if not 0 <= pos <= length:
+        raise ValueError(f"cannot roll back to {pos}: the cache holds {length} positions")
+    return pos
+
+
 class TorchTarget:
     """``hyflash.models.target.Target`` behind the TargetBackend protocol (plain torch).
 
@@ -116,6 +123,21 @@ class TorchTarget:
         return logits[0].float(), features[0].float()
 
     def rollback(self, pos: int) -> None:
-        if not 0 <= pos <= self.length:
-            raise ValueError(f"cannot roll back to {pos}: the cache holds {self.length} positions")
-        self.length = pos
+        self.length = rolled_back(pos, self.length)
+
+
+def open_bundle(folder, threads: int = 0):
+    """-> (bundle, target, drafter) of an exported bundle, with the backends of the runtime
+    its manifest names (``onnx``: ONNX Runtime; ``executorch``: executorch.runtime)."""
+    from hyflash.bundle import read_bundle
+
+    backend = read_bundle(folder, verify_hashes=False).manifest.backend
+    if backend == "executorch":
+        from hyflash.runtime.executorch_backend import load_executorch_pair
+
+        return load_executorch_pair(folder, threads=threads)
+    from hyflash.extras import require_onnx_extra
+    from hyflash.runtime.onnx_backend import load_onnx_pair
+
+    require_onnx_extra("running an ONNX bundle")
+    return load_onnx_pair(folder, threads=threads)

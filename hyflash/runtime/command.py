@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "in plain torch")
     src.add_argument("--drafter", metavar="DIR", help="a drafter folder from `hyflash train`")
     src.add_argument("--bundle", metavar="DIR",
-                     help="an exported ONNX bundle (`hyflash export`): runs its graphs with "
-                          "ONNX Runtime, as the phone would")
+                     help="an exported bundle (`hyflash export`): runs its graphs with "
+                          "ONNX Runtime or its program with ExecuTorch, as the phone would")
     src.add_argument("--no-draft", action="store_true",
                      help="plain autoregressive decoding through the same engine (baseline)")
     p.add_argument("--prompt", required=True, help="the prompt text")
@@ -74,9 +74,9 @@ def open_engine(args: argparse.Namespace):
     check_modes(args)
     torch.set_num_threads(args.threads)  # the engine's own tensor work, in both modes
     if args.bundle:
-        from hyflash.runtime.onnx_backend import load_onnx_pair
+        from hyflash.runtime.backends import open_bundle
 
-        bundle, target, drafter = load_onnx_pair(args.bundle, threads=args.threads)
+        bundle, target, drafter = open_bundle(args.bundle, threads=args.threads)
         eos = set(target.eos_token_ids)
         tokenizer = load_tokenizer(bundle.folder)
     else:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hyflash.runtime.backends import check_span
+from hyflash.runtime.backends import check_span, rolled_back
 
 REUSE_ROWS = 16  # output buffers are kept for calls of up to this many tokens
 
@@ -97,9 +97,7 @@ class OnnxLeanTarget:
         return own(out["logits"], kept), own(out["features"], kept)
 
     def rollback(self, pos: int) -> None:
-        if not 0 <= pos <= self.length:
-            raise ValueError(f"cannot roll back to {pos}: the cache holds {self.length} positions")
-        self.length = pos
+        self.length = rolled_back(pos, self.length)
 
     def kv_bytes(self) -> int:
         """Bytes of the cache positions in use (the buffers hold max_seq_len positions)."""

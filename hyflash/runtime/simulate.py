@@ -43,8 +43,8 @@ DEFAULT_PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="DIR", help="an ONNX bundle (`hyflash export --backend "
-                                                 "onnx --out DIR`)")
+    p.add_argument("bundle", metavar="DIR", help="an ONNX or ExecuTorch bundle (`hyflash "
+                                                 "export --backend onnx|executorch --out DIR`)")
     p.add_argument("--prompts", metavar="FILE",
                    help="prompts: .jsonl (one JSON string or {\"prompt\": ...} per line) or "
                         "text with prompts separated by lines holding only ---; default: "
@@ -112,21 +112,18 @@ def jsonl_prompts(f: Path, text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hyflash.extras import require_onnx_extra
-
-    require_onnx_extra("hyflash simulate")
     import torch
     from tqdm import tqdm
 
     from hyflash.models.tokenizer import load_tokenizer
+    from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.engine import SpeculativeEngine
-    from hyflash.runtime.onnx_backend import load_onnx_pair
     from hyflash.runtime.simulate_report import Report
 
     check_args(args)
     prompts = read_prompts(args.prompts)
     torch.set_num_threads(args.threads)  # the engine's own tensor work
-    bundle, target, drafter = load_onnx_pair(args.bundle, threads=args.threads)
+    bundle, target, drafter = open_bundle(args.bundle, threads=args.threads)
     tokenizer = load_tokenizer(bundle.folder)
     eos = set(target.eos_token_ids)
     if tokenizer.eos_token_id is not None:
