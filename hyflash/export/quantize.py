@@ -102,8 +102,12 @@ RECIPES: dict[str, Callable[[Path, Path], dict]] = {"fp32": fp32, "int8": weight
 
 def check_recipe(recipe: str) -> None:
     if recipe not in RECIPES:
-        raise HyflashError(f"unknown quantization recipe {recipe!r}: choose one of "
-                           f"{', '.join(RECIPES)}")
+        from hyflash.export.executorch import RECIPES as EXECUTORCH_RECIPES
+
+        hint = (f" ({recipe} is an ExecuTorch recipe: pass --backend executorch)"
+                if recipe in EXECUTORCH_RECIPES else "")
+        raise HyflashError(f"unknown ONNX quantization recipe {recipe!r}: choose one of "
+                           f"{', '.join(RECIPES)}{hint}")
 
 
 def quantize(recipe: str, src: Path, dst: Path) -> dict:
