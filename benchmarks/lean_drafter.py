@@ -38,7 +38,6 @@ CONTEXT = 2048
 def make_drafters(work: Path, data: Path | None, draft_vocab: int) -> dict[str, Path]:
     import torch
 
-    from hyflash.models.draft_vocab import most_frequent
     from hyflash.models.drafter import Drafter
     from hyflash.models.target import Target
 
@@ -54,9 +53,7 @@ def make_drafters(work: Path, data: Path | None, draft_vocab: int) -> dict[str, 
             if data is not None:
                 from hyflash.train.data import DistillSet
 
-                prompts, generated = zip(*DistillSet(data).token_parts(), strict=True)
-                ids = most_frequent(list(generated), list(prompts), draft_vocab,
-                                    target.cfg.vocab_size)
+                ids = DistillSet(data).draft_vocabulary(draft_vocab, target.cfg.vocab_size)
             d.draft_head.set_ids(ids)
         d.save(folder)
     return out

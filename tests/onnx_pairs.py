@@ -65,16 +65,13 @@ DRAFT_VOCAB = 24  # of the tiny vocabulary's 48 words
 def draft_vocab_variant(target: Target, data: DistillSet, trained: Path, root: Path) -> Path:
     """The trained hyflash drafter restricted to the DRAFT_VOCAB words the target wrote
     most: same weights, a reduced draft vocabulary (-inf logits outside it)."""
-    from hyflash.models.draft_vocab import most_frequent
     from hyflash.models.drafter import load_drafter
 
     src = load_drafter(trained, target)
     d = Drafter(type(src.cfg)(**{**src.cfg.to_dict(), "draft_vocab": DRAFT_VOCAB}),
                 target.embed_tokens, target.lm_head)
     d.load_state_dict(src.state_dict(), strict=False)
-    prompts_, generated = zip(*data.token_parts(), strict=True)
-    d.draft_head.set_ids(most_frequent(list(generated), list(prompts_), DRAFT_VOCAB,
-                                       target.cfg.vocab_size))
+    d.draft_head.set_ids(data.draft_vocabulary(DRAFT_VOCAB, target.cfg.vocab_size))
     d.save(root / "drafter-hyflash-dv")
     return root / "drafter-hyflash-dv"
 

@@ -55,6 +55,15 @@ def test_step_logits_are_the_full_drafters_on_the_subset_and_minus_inf_elsewhere
     assert torch.isneginf(got[:, outside]).all()
 
 
+def test_loading_ids_loads_their_lm_head_rows():
+    """Any load_state_dict (a drafter folder, a training checkpoint) re-derives the rows."""
+    _, sub = drafter_pair()
+    _, fresh = drafter_pair(ids=torch.arange(len(IDS)))
+    fresh.load_state_dict(sub.trainable_state(), strict=False)  # what a folder saves
+    assert fresh.draft_head.ids.tolist() == IDS.tolist()
+    torch.testing.assert_close(fresh.draft_head.proj.weight, TARGET.lm_head.weight[IDS])
+
+
 def test_labels_map_into_the_subset_and_outside_is_minus_one():
     _, sub = drafter_pair()
     assert sub.label_space(torch.tensor([[0, 5, 59, 2]])).tolist() == [[0, 2, 16, -1]]

@@ -45,7 +45,7 @@ def share_weights(folder: Path, files: dict[str, str]) -> dict[str, SharedWeight
         roles = sorted({role for role, _ in users})
         if len(roles) < 2:
             continue
-        role0, first = users[0]
+        first = users[0][1]
         base = first.name.removeprefix("shared.")  # requantizing a bundle shares again
         name, file = f"shared.{base}", f"shared/{re.sub(r'[^A-Za-z0-9._-]', '_', base)}.bin"
         (folder / "shared").mkdir(exist_ok=True)

@@ -44,6 +44,8 @@ class DraftHead(nn.Module):
         self.proj.weight.requires_grad_(False)
         self._lm_head = [lm_head]  # a list: not a submodule, so not in state_dict
         self.set_ids(self.ids)
+        # whatever loads ids (a drafter folder, a training checkpoint) gets their rows
+        self.register_load_state_dict_post_hook(lambda module, _: module.set_ids(module.ids))
 
     def set_ids(self, ids: torch.Tensor) -> None:
         """Score these token ids (distinct, in range), with the LM head's rows for them."""

@@ -499,16 +499,14 @@ def load_drafter(folder: str | Path, target: Target) -> Drafter:
     drafter = Drafter(cfg, target.embed_tokens, target.lm_head)
     state = load_safetensors_file(folder / "model.safetensors", RETRAIN)
     check_shapes(drafter, state, folder / "model.safetensors", RETRAIN)
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    try:  # loading the draft vocabulary's ids derives their LM head rows (DraftHead)
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+    except HyflashError as e:
+        raise HyflashError(f"drafter at {folder}: {e}; {RETRAIN}") from None
     missing = [k for k in missing if not k.startswith(DERIVED)]
     if missing or unexpected:
         raise HyflashError(f"drafter weights in {folder} do not match its config: missing "
                            f"{missing[:3]}, unexpected {unexpected[:3]}; {RETRAIN}")
-    if drafter.draft_head is not None:  # its rows of the target's LM head, for the saved ids
-        try:
-            drafter.draft_head.set_ids(drafter.draft_head.ids.clone())
-        except HyflashError as e:
-            raise HyflashError(f"drafter at {folder}: {e}; {RETRAIN}") from None
     return drafter.to(target.embed_tokens.weight.dtype).eval()
 
 

@@ -145,11 +145,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     data = DistillSet(data_dir)
     if drafter.draft_head is not None:
-        from hyflash.models.draft_vocab import most_frequent
-
-        prompts, generated = zip(*data.token_parts(), strict=True)
-        drafter.draft_head.set_ids(most_frequent(list(generated), list(prompts),
-                                                 args.draft_vocab, target.cfg.vocab_size))
+        drafter.draft_head.set_ids(data.draft_vocabulary(args.draft_vocab,
+                                                         target.cfg.vocab_size))
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
                            lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed)
     run_name = f"train-{args.arch}" + (f"-dv{args.draft_vocab}" if args.draft_vocab else "")

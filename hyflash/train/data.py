@@ -192,6 +192,14 @@ class DistillSet:
         for si, a, b, _, plen in self.items:
             yield self.tokens[si][a:a + plen], self.tokens[si][a + plen:b]
 
+    def draft_vocabulary(self, size: int, vocab_size: int) -> torch.Tensor:
+        """The ``size`` ids ``train --draft-vocab`` scores: the target's most written here
+        (``hyflash.models.draft_vocab.most_frequent``)."""
+        from hyflash.models.draft_vocab import most_frequent
+
+        prompts, generated = zip(*self.token_parts(), strict=True)
+        return most_frequent(list(generated), list(prompts), size, vocab_size)
+
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         si, a, b, f, plen = self.items[i]
         tokens = torch.from_numpy(np.asarray(self.tokens[si][a:b], dtype=np.int64))

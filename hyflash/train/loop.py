@@ -143,9 +143,7 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
     state = load_checkpoint(ckpt)
     if state is not None:
         check_resumable(ckpt, state.get("run", run), run)
-        drafter.load_state_dict(state["drafter"], strict=False)
-        if drafter.draft_head is not None:  # the LM head rows of the resumed ids
-            drafter.draft_head.set_ids(drafter.draft_head.ids.clone())
+        drafter.load_state_dict(state["drafter"], strict=False)  # (DraftHead re-derives rows)
         opt.load_state_dict(state["opt"])
         step, last_loss = state["step"], state.get("loss")
     drafter.train()
