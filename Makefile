@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo install lint clean
+.PHONY: test demo install lint native clean
 
 install: $(STAMP)
 
@@ -18,7 +18,20 @@ $(STAMP): pyproject.toml
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: lint
+# The C++ runtime (runtime_native/) against the executorch wheel's C++ runtime; rebuilt only
+# when its sources or the installed packages change.
+NATIVE     := build/native
+NATIVE_SRC := $(wildcard runtime_native/CMakeLists.txt runtime_native/src/* runtime_native/cli/*)
+ET_PREFIX   = $$($(PY) -c "import importlib.util as u; print(u.find_spec('executorch').submodule_search_locations[0])")
+
+native: $(NATIVE)/hyflash-run
+
+$(NATIVE)/hyflash-run: $(STAMP) $(NATIVE_SRC)
+	cmake -S runtime_native -B $(NATIVE) --log-level=WARNING -DCMAKE_PREFIX_PATH="$(ET_PREFIX)"
+	cmake --build $(NATIVE) -j 2
+	touch $@
+
+test: lint native
 	$(PY) -m pytest -q
 
 demo: $(STAMP)

@@ -38,3 +38,13 @@ def onnx_bundles(tmp_path_factory):
     from onnx_pairs import exported_pair
 
     return exported_pair(tmp_path_factory.mktemp("onnx-pair"))
+
+
+@pytest.fixture(scope="session")
+def fp32_bundle(tmp_path_factory):
+    """The pocket pair's fp32 ExecuTorch bundle (executorch_pairs), exported once per
+    session for the Python and the C++ runtime's tests."""
+    pytest.importorskip("executorch")
+    from executorch_pairs import export_pocket_fp32
+
+    return export_pocket_fp32(tmp_path_factory.mktemp("et") / "pocket-fp32")

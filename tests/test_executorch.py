@@ -18,6 +18,7 @@ instead of the pocket pair. Each program is exported once per session.
 import pytest
 import torch
 from cli_checks import exit_2
+from executorch_pairs import CONTEXT, on_a_fresh_stack
 
 from hyflash.cli import main
 from hyflash.errors import HyflashError
@@ -29,30 +30,9 @@ from hyflash.runtime.drafter_backend import load_torch_drafter
 pytest.importorskip("executorch")
 torch.set_num_threads(1)
 
-CONTEXT = 128  # holds the pocket drafter's window (64) + block (8) and the prompts
 PROMPTS = ["def read_config(path):\n",
            "import os\nimport sys\n\nclass Parser:\n    def __init__(self",
            "for i in range(10):\n"]
-
-
-def on_a_fresh_stack(fn, *args, **kwargs):
-    """fn(*args, **kwargs) on a new thread. torch.fx records the Python stack of every
-    node it creates, and lowering creates hundreds of thousands: under pytest's deep stack
-    each export took ~8 s (15%) longer than from a shallow one (measured)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn, *args, **kwargs).result()
-
-
-@pytest.fixture(scope="session")
-def fp32_bundle(tmp_path_factory):
-    """`hyflash export --backend executorch` of the pocket pair (fp32)."""
-    out = tmp_path_factory.mktemp("et") / "pocket-fp32"
-    assert on_a_fresh_stack(main, ["export", "--target", "pocket", "--drafter", "pocket",
-                                   "--backend", "executorch", "--max-seq-len", str(CONTEXT),
-                                   "--out", str(out), "--no-progress"]) == 0
-    return out
 
 
 @pytest.fixture(scope="session")

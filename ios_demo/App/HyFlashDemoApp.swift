@@ -1,0 +1,8 @@
+import SwiftUI
+
+@main
+struct HyFlashDemoApp: App {
+    var body: some Scene {
+        WindowGroup { ContentView() }
+    }
+}
