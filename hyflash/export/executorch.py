@@ -8,8 +8,8 @@ Methods (all exported from the one model definition, ``hyflash.models``):
   verify of the speculative loop: it also writes the positions' tap features into a ring
   of ``get_feature_rows`` rows inside the program;
 - ``features(tokens [1, T], input_pos [1]) -> features [1, T, F]``: reads back what the
-  last ``forward`` with the same arguments wrote (T <= the ring's rows: a longer prefill
-  goes in chunks). The target graph is lowered once (``executorch_modules``).
+  last ``forward`` with the same arguments wrote. The target graph is lowered once
+  (``executorch_modules``).
 - ``draft`` (``DrafterStep``: commit + draft) and ``commit`` (commit only), every window
   and memory tensor an explicit input and output of fixed shape: the app owns the state.
 
@@ -17,7 +17,12 @@ The KV cache is ``Target``'s static ``KVCache`` (mutable buffers, written at
 ``input_pos``); ``forward`` and ``features`` are exported from the same ``ProgramTarget``
 so the buffers have the same names, and ``share_mutable_buffers`` makes the memory planner
 place each name once for all methods (ExecuTorch 1.5.1, ``MemoryPlanningPass``). T is
-dynamic (1..max_seq_len). Rolling back is free: the next call at an earlier position
+dynamic, 1..the ring's rows: the memory planner sizes every activation (logits [T, V],
+attention scores) for the largest T, so allowing T up to the whole context would plan
+hundreds of MiB that a phone must hold and never uses. ``get_max_seq_len`` says so to the
+stock runner, which then prefills a longer prompt in chunks of that many tokens, as for
+ExecuTorch's own LLM exports (its max_seq_len is a prefill chunk, ``get_max_context_len``
+the cache). Rolling back is free: the next call at an earlier position
 overwrites the stale rows before any query sees them.
 
 Constant methods: the runner's (``get_max_seq_len`` ...) and ours (``get_block_size`` ...,
@@ -141,7 +146,8 @@ def constant_methods(target, drafter, state: dict) -> dict:
     t = target.cfg
     d = drafter.cfg
     bos = t.bos_token_id
-    out = {"get_max_seq_len": t.max_seq_len, "get_max_context_len": t.max_seq_len,
+    out = {"get_max_seq_len": feature_rows(target, drafter),  # tokens per call (see top)
+           "get_max_context_len": t.max_seq_len,
            "get_vocab_size": t.vocab_size, "get_eos_ids": list(t.eos_token_ids),
            "use_kv_cache": True, "use_sdpa_with_kv_cache": False, "enable_dynamic_shape": True,
            "get_hyflash_format": FORMAT, "get_block_size": d.block_size,
@@ -172,12 +178,12 @@ def export_program(target, drafter, path: Path) -> None:
     from hyflash.export.onnx import DrafterCommit
     from hyflash.models.drafter import DrafterStep
 
-    cfg, dcfg = target.cfg, drafter.cfg
+    dcfg = drafter.cfg
     target.requires_grad_(False)
     drafter.requires_grad_(False)
     core = ProgramTarget(target, feature_rows(target, drafter))
     state = drafter.init_state(torch.float32)
-    seq = torch.export.Dim(SEQ, min=1, max=cfg.max_seq_len)
+    seq = torch.export.Dim(SEQ, min=1, max=feature_rows(target, drafter))
     ex = (torch.zeros(1, 2, dtype=torch.long), torch.tensor([0]))
     feats = torch.zeros(dcfg.commit_size, dcfg.feature_size)
     rows = torch.zeros(commit_rows(drafter), dcfg.feature_size)
