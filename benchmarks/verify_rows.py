@@ -11,8 +11,9 @@ logit difference, how many argmaxes differ, and the median call times:
 
 - the bundle's fp32 lean graph;
 - int4 as ``hyflash export --quant int4`` makes it (MatMulNBits, accuracy level 0);
-- int4 with ``accuracy_level=4`` (int8 activations, what onnxruntime-genai's builder
-  uses by default), quantized here from the fp32 graph.
+- int8 as ``hyflash export --quant int8`` makes it;
+- int4 and int8 with ``accuracy_level=4`` (int8 activations, what onnxruntime-genai's
+  builder uses by default), quantized here from the fp32 graph.
 Writes ``verify_rows.md`` / ``.json`` under ``--out``.
 """
 
@@ -30,13 +31,13 @@ import numpy as np
 import torch
 
 
-def quantized(src: Path, dst: Path, accuracy_level: int) -> Path:
+def quantized(src: Path, dst: Path, bits: int, accuracy_level: int) -> Path:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     from hyflash.export.quantize import BLOCK, fold_weight_transposes, quiet_logger
 
     with quiet_logger():
-        q = MatMulNBitsQuantizer(fold_weight_transposes(src), bits=4, block_size=BLOCK,
+        q = MatMulNBitsQuantizer(fold_weight_transposes(src), bits=bits, block_size=BLOCK,
                                  is_symmetric=True, accuracy_level=accuracy_level,
                                  op_types_to_quantize=("MatMul",))
         q.process()
@@ -97,9 +98,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = bundle.path("target")
         graphs = {"fp32": src,
-                  "int4 (hyflash recipe, accuracy level 0)": quantized(src, Path(tmp) / "a0.onnx",
-                                                                       0),
-                  "int4, accuracy_level=4": quantized(src, Path(tmp) / "a4.onnx", 4)}
+                  **{f"int{bits} (hyflash recipe, accuracy level 0)":
+                     quantized(src, Path(tmp) / f"{bits}a0.onnx", bits, 0) for bits in (4, 8)},
+                  **{f"int{bits}, accuracy_level=4":
+                     quantized(src, Path(tmp) / f"{bits}a4.onnx", bits, 4) for bits in (4, 8)}}
         for name, path in graphs.items():
             rows[name] = compare(path, m, args.trials)
             print(name, rows[name], flush=True)
