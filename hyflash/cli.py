@@ -224,27 +224,6 @@ def bench_args(p: argparse.ArgumentParser) -> None:
                    help="where the Markdown and PNG results go")
 
 
-def budget_args(p: argparse.ArgumentParser) -> None:
-    """The arguments `hyflash budget` will take (issue #13), parsed already."""
-    p.add_argument("source", nargs="?", metavar="SOURCE",
-                   help="a bundle, a model folder or config.json, a hub id, a .gguf file or a "
-                        "preset name")
-    p.add_argument("--device", action="append", metavar="NAME",
-                   help="device profile to check against (repeatable)")
-    p.add_argument("--context", type=positive_int, metavar="TOKENS", help="context length")
-    p.add_argument("--quant", choices=("fp32", "fp16", "int8", "int4", "8da4w"),
-                   help="weight quantization recipe")
-    p.add_argument("--drafter", metavar="DIR_OR_ARCH", help="a drafter folder, or hyflash / "
-                                                            "full for a sized estimate")
-    p.add_argument("--explain", action="store_true", help="print the formulas")
-    p.add_argument("--sweep-context", action="store_true",
-                   help="plot memory against context")
-    p.add_argument("--measure", action="store_true",
-                   help="run the bundle and compare the estimate with measured memory")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--out", metavar="DIR", help="where plots and reports go")
-
-
 # ------------------------------------------------------------------------ table
 
 COMMANDS: dict[str, Command] = {
@@ -275,10 +254,10 @@ COMMANDS: dict[str, Command] = {
                                                 "scripts in benchmarks/")),
     "budget": Command(
         "size the on-device memory budget against device profiles",
-        "Add up weights, KV cache, drafter state and runtime overhead for a bundle and "
-        "compare them with real device profiles.",
-        budget_args, not_yet("hyflash budget", 13, "`hyflash inspect` gives a model's KV "
-                                                   "cache and a drafter's state bytes")),
+        "Add up weights, KV cache, drafter state, activations and runtime overhead for a "
+        "bundle or a model, check them against device profiles, and project phone decode "
+        "speed; --measure runs a bundle and compares.",
+        lazy_args("hyflash.budget.command"), lazy_run("hyflash.budget.command")),
     "inspect": Command(
         "describe a model folder or an exported bundle",
         "Print what HyFlash reads from a Hugging Face model folder (architecture, sizes, "

@@ -5,6 +5,16 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """Nothing a test runs writes into the user's ~/.cache/hyflash (simulate's tau records,
+    converted GGUF folders): the whole session gets its own HYFLASH_CACHE."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HYFLASH_CACHE", str(tmp_path_factory.mktemp("hyflash-cache")))
+    yield
+    mp.undo()
+
+
 WORDS = ["[UNK]", "<eos>"] + [f"w{i}" for i in range(46)]
 
 

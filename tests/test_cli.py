@@ -170,9 +170,6 @@ def test_a_bad_number_is_one_line_naming_the_flag(capsys, argv, needle):
 
 
 @pytest.mark.parametrize("argv,issue", [
-    (["budget", "pocket", "--device", "pixel-8", "--device", "iphone-15-pro", "--context",
-      "4096", "--quant", "int4", "--drafter", "hyflash", "--explain", "--json"], 13),
-    (["budget", "bundles/x", "--measure", "--sweep-context", "--out", "OUT"], 13),
     (["bench", "--suite", "standard", "--threads", "2", "--runs", "3", "--out", "OUT"], 16),
     (["bench", "--quick", "--target", "pocket", "--drafter", "pocket", "--out", "OUT"], 16),
 ])

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="REPORT_DIR",
                    help="also write report.json, report.txt and report.png here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--device", metavar="NAME",
+                   help="also project phone decode speed and memory on this device profile "
+                        "(`hyflash budget`'s), with the tau this run measures")
 
 
 PROMPTS_FORMAT = "write one JSON string or {\"prompt\": \"...\"} per line"
@@ -121,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
     from hyflash.runtime.simulate_report import Report
 
     check_args(args)
+    if args.device:
+        from hyflash.budget.phone import check_device
+
+        check_device(args.device)
     prompts = read_prompts(args.prompts)
     torch.set_num_threads(args.threads)  # the engine's own tensor work
     bundle, target, drafter = open_bundle(args.bundle, threads=args.threads)
@@ -151,6 +158,13 @@ def run(args: argparse.Namespace) -> int:
         b = spec.generate(p, **kw)
         report.add(i, a, b, dict(drafter.calls), drafter.state_bytes(), target.kv_bytes())
     report.finish()
+    from hyflash.budget.tau import record
+
+    record(bundle.folder, report.summary, report.meta)  # `hyflash budget` projects with it
+    if args.device:
+        from hyflash.budget.phone import projection
+
+        report.phone = projection(bundle.folder, args.device, report.summary)
     print(report.table())
     if args.out:
         written = report.write(Path(args.out))

@@ -48,6 +48,7 @@ class Report:
         self.state_bytes = 0
         self.kv_bytes = 0
         self.summary: dict = {}
+        self.phone: dict | None = None  # hyflash.budget.phone.projection, with --device
 
     def add(self, i: int, plain, spec, calls: dict, state_bytes: int, kv_bytes: int) -> None:
         a, b = plain.stats, spec.stats
@@ -156,6 +157,10 @@ class Report:
             ("target KV cache at end", f"{s['target_kv_bytes_at_end'] / 1024:.1f} KiB "
                                        f"({self.kv_bytes_per_token} B/token)"),
         ]
+        if self.phone:
+            from hyflash.budget.phone import rows as phone_rows
+
+            rows += phone_rows(self.phone)
         width = max(len(k) for k, _ in rows)
         head = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
         limit = self.meta["max_new_tokens"]
@@ -182,7 +187,8 @@ class Report:
 
     def write(self, out: Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
-        data = clean({"settings": self.meta, "summary": self.summary, "prompts": self.rows})
+        data = clean({"settings": self.meta, "summary": self.summary, "prompts": self.rows,
+                      **({"phone": self.phone} if self.phone else {})})
         files = [out / "report.json", out / "report.txt", out / "report.png"]
         files[0].write_text(json.dumps(data, indent=1) + "\n")
         files[1].write_text(self.table() + "\n")

@@ -1,0 +1,142 @@
+"""How each quantization recipe stores weights, as our exporters actually do it.
+
+Read from ``hyflash/export/quantize.py`` (ONNX) and ``hyflash/export/executorch.py`` and
+checked against real bundles (``tests/test_budget_memory.py``; the SmolLM2 and pocket
+bundles in ``benchmarks/results/budget_measure.md``):
+
+- ONNX ``fp32``: every weight float32. A tied LM head is a Transpose of the embedding
+  table: stored once. ``int8`` / ``int4``: ONNX Runtime's MatMulNBitsQuantizer on every
+  MatMul with a constant weight (all projections of both models and the LM head, whose
+  Transpose is folded first so it gets its own matrix), symmetric, blocks of 32 along the
+  input with one float32 scale per block (K padded to a whole block); the embedding table
+  (a Gather) stays float32.
+- ExecuTorch ``fp32``: float32; a tied table is stored twice (the embedding as a program
+  constant, the LM head inside the XNNPACK blob). ``8da4w``: torchao int4 weights in groups
+  of ``group_size`` on every Linear (the LM head too), a 2-byte scale per group as XNNPACK
+  serializes it; the embedding stays float32.
+- ``fp16`` (and ``int8``/``int4`` on ExecuTorch, ``8da4w`` on ONNX): no exporter writes
+  them yet; sized as the nearest recipe would store them and marked ``offered=False``.
+
+Norms, biases and the drafter's memory scalars stay float32 in every recipe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hyflash.errors import HyflashError
+
+BACKENDS = ("onnx", "executorch")
+RECIPE_NAMES = ("fp32", "fp16", "int8", "int4", "8da4w")
+ONNX_BLOCK = 32  # hyflash.export.quantize.BLOCK
+ET_GROUP = 32  # hyflash.export.executorch.DEFAULT_GROUP_SIZE
+PER_ROW = -1  # group size meaning one scale per output row
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """bits per weight, and a scale of scale_bytes per group of ``group`` weights along
+    the input dimension (0: no scales; PER_ROW: one per output row)."""
+
+    bits: int
+    group: int = 0
+    scale_bytes: int = 0
+
+    def bytes(self, rows: int, cols: int, count: int = 1) -> int:
+        if self.group == 0:
+            return count * rows * cols * self.bits // 8
+        if self.group == PER_ROW:
+            return count * rows * (cols * self.bits // 8 + self.scale_bytes)
+        blocks = math.ceil(cols / self.group)  # the input is padded to whole groups
+        return count * rows * blocks * (self.group * self.bits // 8 + self.scale_bytes)
+
+    def describe(self) -> str:
+        if self.group == 0:
+            return f"{self.bits}-bit"
+        scales = "a scale per row" if self.group == PER_ROW else f"groups of {self.group}"
+        return f"int{self.bits}, {scales} ({self.scale_bytes}-byte scales)"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WeightFormat:
+        return cls(int(d["bits"]), int(d.get("group", 0)), int(d.get("scale_bytes", 0)))
+
+
+F32, F16 = WeightFormat(32), WeightFormat(16)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    backend: str
+    linear: WeightFormat  # every projection of the target and the drafter
+    lm_head: WeightFormat  # the LM head, and a drafter's draft-vocabulary head
+    embedding: WeightFormat  # the token embedding table (a gather: one row read per token)
+    tied_head_stored: bool  # a tied LM head is stored as its own matrix (else: the table)
+    kv_bytes: int  # bytes per KV cache element
+    offered: bool  # `hyflash export` writes it
+    about: str
+
+    def describe(self) -> str:
+        head = "its own matrix" if self.tied_head_stored else "the embedding table itself"
+        return (f"{self.backend} {self.name}: projections {self.linear.describe()}, LM head "
+                f"{self.lm_head.describe()}, embedding {self.embedding.describe()}; a tied LM "
+                f"head is stored as {head}; KV cache {8 * self.kv_bytes}-bit")
+
+
+def onnx_nbits(bits: int) -> WeightFormat:
+    return WeightFormat(bits, ONNX_BLOCK, 4)
+
+
+def et_8da4w(group: int = ET_GROUP) -> WeightFormat:
+    return WeightFormat(4, group, 2)
+
+
+def recipe(name: str, backend: str, group_size: int | None = None) -> Recipe:
+    """The recipe ``name`` as ``backend``'s exporter stores it."""
+    if backend not in BACKENDS:
+        raise HyflashError(f"unknown backend {backend!r}: choose {' or '.join(BACKENDS)}")
+    if name not in RECIPE_NAMES:
+        raise HyflashError(f"unknown quantization recipe {name!r}: choose one of "
+                           f"{', '.join(RECIPE_NAMES)}")
+    if backend == "onnx":
+        if name in ("int8", "int4"):
+            q = onnx_nbits(int(name[3:]))
+            return Recipe(name, backend, q, q, F32, True, 4, True,
+                          "MatMulNBits weight-only, fp32 activations, fp32 embedding")
+        if name == "8da4w":
+            q = et_8da4w(group_size or ET_GROUP)
+            return Recipe(name, backend, q, q, F32, True, 4, False,
+                          "not an ONNX export recipe: sized as ExecuTorch stores it")
+        fmt = F32 if name == "fp32" else F16
+        return Recipe(name, backend, fmt, fmt, fmt, False, fmt.bits // 8, name == "fp32",
+                      "float weights" + ("" if name == "fp32" else
+                                         "; not an export recipe yet: sized as fp16 throughout"))
+    if name in ("8da4w", "int4"):
+        q = et_8da4w(group_size or ET_GROUP)
+        return Recipe(name, backend, q, q, F32, True, 4, name == "8da4w",
+                      "torchao int4 weights, int8 per-token activations, fp32 embedding"
+                      + ("" if name == "8da4w" else "; int4 is ExecuTorch's 8da4w"))
+    if name == "int8":
+        q = WeightFormat(8, PER_ROW, 4)
+        return Recipe(name, backend, q, q, F32, True, 4, False,
+                      "not offered (XNNPACK has no int8-weight float linear): sized as int8 "
+                      "per-channel weights")
+    fmt = F32 if name == "fp32" else F16
+    return Recipe(name, backend, fmt, fmt, fmt, True, fmt.bits // 8, name == "fp32",
+                  "float weights; the tied table is stored twice (constant + XNNPACK blob)"
+                  + ("" if name == "fp32" else "; fp16 is not an export recipe yet"))
+
+
+def default_backend(name: str) -> str:
+    """The backend whose exporter offers the recipe (ONNX for the float ones)."""
+    return "executorch" if name == "8da4w" else "onnx"
+
+
+def custom(name: str, d: dict) -> Recipe:
+    """A recipe from a data file (the roofline's calibration points: published models
+    quantized in ways our exporters do not)."""
+    return Recipe(name, "executorch", WeightFormat.from_dict(d["linear"]),
+                  WeightFormat.from_dict(d["lm_head"]), WeightFormat.from_dict(d["embedding"]),
+                  bool(d.get("tied_head_stored", True)), int(d["kv_bytes"]), False,
+                  d.get("about", name))
