@@ -91,6 +91,11 @@ def most_frequent(generated: list[np.ndarray], prompts: list[np.ndarray], size: 
             np.add.at(c, np.asarray(a, dtype=np.int64), 1)
         return c
 
-    gen, prompt = counts(generated), counts(prompts)
-    order = np.lexsort((np.arange(vocab_size), -prompt, -gen))
+    return rank_counts(counts(generated), counts(prompts), size)
+
+
+def rank_counts(gen: np.ndarray, prompt: np.ndarray, size: int) -> torch.Tensor:
+    """``most_frequent`` from counts per id (generated, prompts): distributed training
+    sums each rank's counts first."""
+    order = np.lexsort((np.arange(len(gen)), -prompt, -gen))
     return torch.from_numpy(np.sort(order[:size]))

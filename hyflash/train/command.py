@@ -7,6 +7,12 @@ training run lives inside the data it trains on, so another corpus never resumes
 checkpoint. The drafter folder appears only when training has finished; the work folder
 is then removed unless ``--keep-work``. ``--seed`` fixes the drafter's initial weights,
 the prompts and the batches: the same command on the same machine gives the same drafter.
+
+The same command runs unchanged under ``torchrun`` (``distributed.py``): every rank
+generates its own data shards, trains on them (DDP, or FSDP2 with ``--parallel fsdp``)
+and resumes from the distributed checkpoint at any world size; rank 0 alone prints and
+writes the drafter. ``--engine`` picks who generates (``engines.py``), ``--features``
+whether the target's features are cached or recomputed in the step (``features.py``).
 """
 
 from __future__ import annotations
@@ -21,8 +27,12 @@ from hyflash.atomic import write_folder_atomically
 from hyflash.errors import HyflashError
 
 # hyflash.models.memory.MEMORY_KINDS, default first; spelled out so that --help does not
-# import torch (tests/test_train.py checks they agree)
+# import torch (tests/test_train.py checks they agree); likewise engines.ENGINES,
+# features.FEATURE_MODES and distributed.PARALLEL (tests/test_train_distributed.py)
 MEMORY_KINDS = ("prefix-slots", "decayed-linear", "none")
+ENGINES = ("hyflash", "transformers", "vllm")
+FEATURE_MODES = ("auto", "cache", "recompute")
+PARALLEL = ("ddp", "fsdp")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,6 +78,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sampled-fraction", type=fraction, default=0.0,
                    help="share of continuations sampled (temperature 1) instead of greedy")
     g.add_argument("--data-batch", type=positive_int, default=32, help="prompts generated together")
+    g.add_argument("--shard-size", type=positive_int, default=128,
+                   help="continuations per data shard (a file; each torchrun rank reads its "
+                        "own shards, so a job needs at least as many shards as processes)")
+    g.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
+                   help="who writes the continuations: hyflash (default: its own target), "
+                        "transformers (generate) or vllm (installed separately; one process, "
+                        "then train under torchrun)")
+    g.add_argument("--features", choices=FEATURE_MODES, default=FEATURE_MODES[0],
+                   help="the target's features: cached with the data, or recomputed by the "
+                        "frozen target in every training step; auto (default) recomputes "
+                        "when caching would exceed 16 GiB")
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=positive_int, default=1500)
     g.add_argument("--batch", type=positive_int, default=8, help="sequences per step")
@@ -76,10 +97,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-lr-scale", type=positive_float, default=10.0,
                    help="learning-rate multiplier for the memory's decay logits and gate "
                         "biases (a few scalars per layer)")
+    g.add_argument("--checkpoint-every", type=positive_int, default=100,
+                   help="steps between checkpoints (a rerun resumes from the last one)")
     g.add_argument("--seed", type=nonneg_int, default=0,
                    help="seeds the drafter's initial weights, the prompts and the batches")
     g.add_argument("--threads", type=threads, default=None,
                    help="torch CPU threads (default: torch's, one per core)")
+    g.add_argument("--parallel", choices=PARALLEL, default=None,
+                   help="under torchrun: ddp (default: every rank holds the drafter) or fsdp "
+                        "(FSDP2: drafter, and the target when features are recomputed, "
+                        "sharded over the ranks)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -95,20 +122,38 @@ def data_spec(args, max_seq_len: int):
                     short_prompt=(min(32, room), min(128, room)),
                     long_prompt=(min(256, long_hi), long_hi),
                     sampled_fraction=args.sampled_fraction, batch=args.data_batch,
-                    seed=args.seed)
+                    shard=args.shard_size, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:
+    from hyflash.train import distributed
+
+    d = distributed.setup()
+    try:
+        return run_on(args, d)
+    finally:
+        distributed.teardown(d)
+
+
+def run_on(args: argparse.Namespace, d) -> int:
     import torch
 
+    from hyflash.models.draft_vocab import rank_counts
     from hyflash.models.drafter import Drafter
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.models.tokenizer import load_tokenizer
-    from hyflash.train.corpus import corpus_digest, read_corpus, token_stream
-    from hyflash.train.data import DistillSet, check_tokenizer, generate_dataset
+    from hyflash.train.corpus import corpus_digest, read_corpus
+    from hyflash.train.data import DistillSet, check_tokenizer
+    from hyflash.train.engines import check_engine
+    from hyflash.train.features import choose
     from hyflash.train.folders import check_out, check_work, claim_work, finish_work
+    from hyflash.train.lanes import check_world, rank_shards
     from hyflash.train.loop import TrainSpec, train
 
+    say = print if d.main else (lambda *a, **k: None)
+    if args.parallel and not d.group:
+        raise HyflashError(f"--parallel {args.parallel} applies under torchrun only: launch "
+                           "with `torchrun --nproc_per_node N -m hyflash train ...`, or drop it")
     work = args.work or args.out.with_name(args.out.name + ".work")
     check_out(args.out)
     check_work(work, args.out)
@@ -130,38 +175,86 @@ def run(args: argparse.Namespace) -> int:
                                  **({} if args.arch == "full" else
                                     {"window": args.window, "memory": args.memory}))
     spec = data_spec(args, target.cfg.max_seq_len)
-    target_id = str(target_path) + json.dumps(target.cfg.to_dict(), sort_keys=True)
-    data_dir = work / f"data-{spec.key(target_id, corpus_id)}"
-    claim_work(work, args.out)
+    lanes = check_world(d.world, args.batch, spec.shards)
+    mine = rank_shards(d.rank, d.world, spec.shards, lanes)
+    recompute, why = choose(args.features, spec, target.cfg.feature_size)
+    say(why)
+    data_dir = data_folder(work, spec, target_path, target, corpus_id, args.engine, recompute)
+    if not (data_dir / "done").exists():
+        check_engine(args.engine, d.world)
+    if d.main:
+        claim_work(work, args.out)
+    d.barrier()
     t0 = time.time()
     if not (data_dir / "done").exists():
-        eos = target.cfg.eos_token_ids[0] if target.cfg.eos_token_ids else 0
-        stream = token_stream(texts, tokenizer, eos)
-        generate_dataset(target, stream, spec, data_dir, progress=not args.quiet)
-        (data_dir / "done").touch()
+        generate(args, d, target, target_path, tokenizer, texts, spec, data_dir, mine,
+                 not recompute)
     target.drop_cache()
     if args.data_only:
-        print(f"data ready in {data_dir}; rerun without --data-only to train")
+        say(f"data ready in {data_dir}; rerun without --data-only to train")
         return 0
-    data = DistillSet(data_dir)
+    data = DistillSet(data_dir).keep(mine)
     if drafter.draft_head is not None:
-        drafter.draft_head.set_ids(data.draft_vocabulary(args.draft_vocab,
-                                                         target.cfg.vocab_size))
+        gen, prompt = data.token_counts(target.cfg.vocab_size)
+        drafter.draft_head.set_ids(rank_counts(d.sum(torch.from_numpy(gen)).numpy(),
+                                               d.sum(torch.from_numpy(prompt)).numpy(),
+                                               args.draft_vocab))
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
-                           lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed)
+                           lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed,
+                           checkpoint_every=args.checkpoint_every)
     run_name = f"train-{args.arch}" + (f"-dv{args.draft_vocab}" if args.draft_vocab else "")
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
-    report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet)
+    report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet,
+                   target=target if recompute else None, d=d,
+                   parallel=args.parallel or PARALLEL[0])
     report.update(target=str(target_path), data=str(args.data), corpus_sha1=corpus_id,
-                  arch=args.arch,
+                  arch=args.arch, features="recomputed" if recompute else "cached",
                   params=sum(p.numel() for p in drafter.parameters() if p.requires_grad),
                   state_bytes_fp32=drafter.state_bytes(), data_spec=spec.__dict__,
                   total_seconds=round(time.time() - t0, 1))
+    del data  # its shards are memory-mapped from the work folder
+    d.barrier()
+    if not d.main:
+        return 0
+    drafter.cpu()
     write_folder_atomically(args.out, lambda tmp: drafter.save(tmp, {"training": report}))
     print(json.dumps({k: report[k] for k in ("val_accuracy", "val_expected_tau", "params",
                                              "state_bytes_fp32")}))
     print(f"wrote {args.out}")
-    del data  # its shards are memory-mapped from the work folder
     print(finish_work(work, args.keep_work))
     return 0
+
+
+def data_folder(work: Path, spec, target_path, target, corpus_id: str, engine: str,
+                recompute: bool) -> Path:
+    """The data folder of these settings. Non-default settings join the key; data with
+    cached features also serves a run that recomputes them (it reads the tokens only)."""
+    target_id = str(target_path) + json.dumps(target.cfg.to_dict(), sort_keys=True)
+    extra = {} if engine == ENGINES[0] else {"engine": engine}
+    cached = work / f"data-{spec.key(target_id, corpus_id, extra)}"
+    if not recompute or (cached / "done").exists():
+        return cached
+    return work / f"data-{spec.key(target_id, corpus_id, {**extra, 'features': 'recompute'})}"
+
+
+def generate(args, d, target, target_path, tokenizer, texts, spec, data_dir: Path,
+             mine: list[int], features: bool) -> None:
+    """Every rank writes its own shards; rank 0 marks the folder done once all have."""
+    from hyflash.train.corpus import token_stream
+    from hyflash.train.data import generate_dataset
+    from hyflash.train.engines import make_engine
+
+    engine = make_engine(args.engine, target, target_path, args.seed, d.world, d.device)
+    eos = target.cfg.eos_token_ids[0] if target.cfg.eos_token_ids else 0
+    stream = token_stream(texts, tokenizer, eos)
+    target.to(d.device)  # a GPU rank generates on its GPU, then frees it for training
+    with d.on_device():
+        generate_dataset(target, stream, spec, data_dir, progress=d.main and not args.quiet,
+                         engine=engine, shards=mine, features=features)
+    target.drop_cache()
+    target.to("cpu")
+    d.barrier()
+    if d.main:
+        (data_dir / "done").touch()
+    d.barrier()

@@ -2,17 +2,18 @@
 
 A corpus (read and checked by ``corpus.py``) is tokenized into one stream. Prompts are
 windows of that stream at a mix of lengths (short and long, so the memory sees long
-contexts); the target continues each one, greedily or by sampling (seeded),
-and the run caches tokens *and* the target's features for every position, since
-generation computes them anyway. Shards are written atomically, so an interrupted run
-resumes at the next missing shard.
+contexts); an engine (``engines.py``; hyflash's own target by default) continues each one,
+greedily or by sampling (seeded), and the run caches tokens and, unless the training step
+recomputes them (``features.py``), the target's features for every position. Each shard
+depends only on (seed, shard number), so shards can be generated in any order and by
+different processes (each rank of a torchrun job writes its own); they are written
+atomically (``shards.py``), so an interrupted run resumes at the next missing shard.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,6 +22,9 @@ import torch
 
 from hyflash.errors import HyflashError
 from hyflash.models.target import Target
+from hyflash.train.shards import DistillSet, shard_exists, write_shard
+
+__all__ = ["DataSpec", "DistillSet", "continue_batch", "generate_dataset"]  # DistillSet: shards
 
 
 @dataclass
@@ -36,11 +40,17 @@ class DataSpec:
     shard: int = 128
     seed: int = 0
 
-    def key(self, target_id: str, corpus_id: str) -> str:
-        """Names the data folder: a new target, corpus or spec means new data."""
-        blob = json.dumps({"target": target_id, "corpus": corpus_id, **asdict(self)},
-                          sort_keys=True)
+    def key(self, target_id: str, corpus_id: str, extra: dict | None = None) -> str:
+        """Names the data folder: a new target, corpus or spec means new data. ``extra``:
+        settings that are not the default (another engine, features not cached); left
+        out when empty, so folders written before those settings existed keep their key."""
+        blob = json.dumps({"target": target_id, "corpus": corpus_id, **asdict(self),
+                           **(extra or {})}, sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+    @property
+    def shards(self) -> int:
+        return -(-self.sequences // self.shard)
 
 
 # ------------------------------------------------------------------ tokenizer
@@ -94,7 +104,8 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
         last = logits[:, -1].float()
         if sample:
             probs = torch.softmax(last / temperature, -1)
-            nxt = torch.multinomial(probs, 1, generator=gen)
+            # the shard's generator is a CPU one (the same data on any device)
+            nxt = torch.multinomial(probs.cpu(), 1, generator=gen).to(probs.device)
         else:
             nxt = last.argmax(-1, keepdim=True)
         tokens[:, pos] = nxt[:, 0]
@@ -105,9 +116,16 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
 
 
 def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Path,
-                     progress: bool = True) -> Path:
-    """Write shards of (tokens, features, prompt length) to out; resume where it stopped."""
+                     progress: bool = True, engine=None, shards=None,
+                     features: bool = True) -> Path:
+    """Write shards of (tokens, features, prompt length) to out; resume where it stopped.
+    engine: ``engines.py`` (default: hyflash's, on ``target``); shards: the shard numbers
+    to write (default: all; a rank writes its own); features: cache them (else tokens
+    only: the training step recomputes them)."""
     from tqdm import tqdm
+
+    from hyflash.train.engines import HyflashEngine
+    from hyflash.train.features import target_features
 
     max_len = spec.long_prompt[1] + spec.gen_len
     if max_len > target.cfg.max_seq_len:
@@ -116,13 +134,17 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
     if len(stream) < 4 * max_len:
         raise HyflashError(f"too few examples: the corpus has {len(stream)} tokens, need at "
                            f"least {4 * max_len} to cut prompts of up to {max_len}")
+    engine = engine or HyflashEngine(target)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.json").write_text(json.dumps(asdict(spec), indent=1))
-    shards = -(-spec.sequences // spec.shard)
-    bar = tqdm(total=spec.sequences, desc="distil", disable=not progress, dynamic_ncols=True)
-    for s in range(shards):
-        size = min(spec.shard, spec.sequences - s * spec.shard)
-        if (out / f"shard{s:04d}.json").exists():
+    if not (out / "spec.json").exists():
+        (out / "spec.json").write_text(json.dumps(asdict(spec), indent=1))
+    todo = list(range(spec.shards) if shards is None else shards)
+    sizes = {s: min(spec.shard, spec.sequences - s * spec.shard) for s in todo}
+    bar = tqdm(total=sum(sizes.values()), desc="distil", disable=not progress,
+               dynamic_ncols=True)
+    for s in todo:
+        size = sizes[s]
+        if shard_exists(out, s):
             bar.update(size)
             continue
         rng = np.random.default_rng([spec.seed, s])
@@ -136,73 +158,17 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
             starts = rng.integers(0, len(stream) - length, n)
             prompts = torch.from_numpy(np.stack([stream[a:a + length] for a in starts])).long()
             sample = bool(rng.random() < spec.sampled_fraction)
-            t, f = continue_batch(target, prompts, spec.gen_len, sample, spec.temperature, gen)
+            t, f = engine.continue_batch(prompts, spec.gen_len, sample, spec.temperature, gen)
+            if features and f is None:  # the engine gives tokens only: one causal pass
+                f = target_features(target, t[:, :-1].to(target.embed_tokens.weight.device))
+                f = f.half()
             for i in range(n):
-                toks.append(t[i].numpy().astype(np.int32))
-                feats.append(f[i].numpy())
+                toks.append(t[i].cpu().numpy().astype(np.int32))
+                if features:
+                    feats.append(f[i].cpu().numpy())
                 meta.append({"prompt_len": length, "sampled": sample})
             done += n
             bar.update(n)
-        write_shard(out, s, toks, feats, meta)
+        write_shard(out, s, toks, feats if features else None, meta)
     bar.close()
     return out
-
-
-def write_shard(out: Path, s: int, toks, feats, meta) -> None:
-    def offsets(arrays) -> list[int]:
-        return np.concatenate([[0], np.cumsum([len(x) for x in arrays])]).tolist()
-
-    for name, arr in (("tokens", np.concatenate(toks)), ("features", np.concatenate(feats))):
-        tmp = out / f"shard{s:04d}.{name}.tmp.npy"
-        np.save(tmp, arr)
-        os.replace(tmp, out / f"shard{s:04d}.{name}.npy")
-    index = {"token_offsets": offsets(toks), "feature_offsets": offsets(feats),
-             "sequences": meta}
-    tmp = out / f"shard{s:04d}.json.tmp"
-    tmp.write_text(json.dumps(index))
-    os.replace(tmp, out / f"shard{s:04d}.json")  # the index is written last: a shard's marker
-
-
-# ----------------------------------------------------------------------- read
-
-class DistillSet:
-    """Memory-mapped view of generated shards: sequence i -> (tokens [T], features [T-1, F],
-    prompt length). The last token has no features: it was never fed to the target."""
-
-    def __init__(self, folder: Path):
-        self.items: list[tuple[int, int, int, int, int]] = []
-        self.tokens, self.features = [], []
-        for idx_file in sorted(folder.glob("shard*.json")):
-            stem = idx_file.name[: -len(".json")]
-            index = json.loads(idx_file.read_text())
-            si = len(self.tokens)
-            self.tokens.append(np.load(folder / f"{stem}.tokens.npy", mmap_mode="r"))
-            self.features.append(np.load(folder / f"{stem}.features.npy", mmap_mode="r"))
-            to, fo = index["token_offsets"], index["feature_offsets"]
-            for i, m in enumerate(index["sequences"]):
-                self.items.append((si, to[i], to[i + 1], fo[i], m["prompt_len"]))
-        if not self.items:
-            raise HyflashError(f"no generated data in {folder}")
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def token_parts(self):
-        """(prompt tokens, generated tokens) of every sequence, as numpy views."""
-        for si, a, b, _, plen in self.items:
-            yield self.tokens[si][a:a + plen], self.tokens[si][a + plen:b]
-
-    def draft_vocabulary(self, size: int, vocab_size: int) -> torch.Tensor:
-        """The ``size`` ids ``train --draft-vocab`` scores: the target's most written here
-        (``hyflash.models.draft_vocab.most_frequent``)."""
-        from hyflash.models.draft_vocab import most_frequent
-
-        prompts, generated = zip(*self.token_parts(), strict=True)
-        return most_frequent(list(generated), list(prompts), size, vocab_size)
-
-    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        si, a, b, f, plen = self.items[i]
-        tokens = torch.from_numpy(np.asarray(self.tokens[si][a:b], dtype=np.int64))
-        feats = torch.from_numpy(np.asarray(self.features[si][f:f + b - a - 1],
-                                            dtype=np.float32))
-        return tokens, feats, plen

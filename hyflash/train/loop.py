@@ -4,10 +4,17 @@ Loss: cross-entropy on the target's tokens at the B-1 block positions, weighted 
 exp(-(i-1)/gamma) so early positions (which decide tau most) count most. AdamW with
 warmup + cosine decay, checkpoints every few hundred steps, and resume: the batch at
 step s depends only on (seed, s), so a resumed run sees exactly the data it would have.
+
+Under torchrun (``distributed.py``) each rank computes its lanes' part of the global
+batch from its own shards (``lanes.py``) and DDP or FSDP2 averages the gradients: the
+update is the one a single process makes on the whole batch, and a run resumes from its
+distributed checkpoint (``checkpoints.py``) at any world size. Features come with the
+data or, given the frozen ``target``, are recomputed in the step (``features.py``).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,8 +25,12 @@ import torch.nn.functional as F
 
 from hyflash.errors import HyflashError
 from hyflash.models.drafter import Drafter
-from hyflash.train.data import DistillSet
-from hyflash.train.scaffold import load_checkpoint, save_checkpoint, warmup_cosine
+from hyflash.train import checkpoints
+from hyflash.train.distributed import SINGLE, Dist, place_target, unwrap, wrap
+from hyflash.train.features import target_features
+from hyflash.train.lanes import Sampler, rank_shards
+from hyflash.train.scaffold import save_checkpoint, warmup_cosine
+from hyflash.train.shards import DistillSet
 
 
 @dataclass
@@ -41,25 +52,37 @@ def position_weights(bsz: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(bsz - 1, dtype=torch.float32) / gamma)
 
 
-def make_batch(data: DistillSet, ids: list[int], anchors: int, bsz: int,
-               rng: np.random.Generator):
-    """Pad a few sequences and pick anchors in their generated part.
-    Anchor p needs context features 0..p-1 and labels p+1..p+B-1."""
-    seqs = [data.get(i) for i in ids]
+def make_batch(data: DistillSet, picks: list[tuple[int, np.random.Generator]], anchors: int,
+               bsz: int, features: bool = True):
+    """Pad a few sequences and pick anchors in their generated part, each sequence with
+    its own generator (so a sequence's anchors do not depend on what else is in the
+    batch, or on which rank computes it). Anchor p needs context features 0..p-1 and
+    labels p+1..p+B-1. features=False: no features read (None; the step computes them)."""
+    seqs = [data.get(i, features) for i, _ in picks]
     t = max(len(tok) for tok, _, _ in seqs)
-    f = seqs[0][1].shape[-1]
     tokens = torch.zeros(len(seqs), t, dtype=torch.long)
-    feats = torch.zeros(len(seqs), t, f)
+    feats = torch.zeros(len(seqs), t, seqs[0][1].shape[-1]) if features else None
     anchor_rows = []
-    for r, (tok, feat, plen) in enumerate(seqs):
+    for r, ((tok, feat, plen), (_, rng)) in enumerate(zip(seqs, picks, strict=True)):
         tokens[r, : len(tok)] = tok
-        feats[r, : len(feat)] = feat
+        if features:
+            feats[r, : len(feat)] = feat
         lo, hi = max(plen - 1, 0), len(tok) - bsz  # inclusive range of valid anchors
         choice = rng.choice(np.arange(lo, hi + 1), size=anchors,
                             replace=hi + 1 - lo < anchors)
         anchor_rows.append(torch.from_numpy(np.sort(choice)))
     anchor_t = torch.stack(anchor_rows).long()
     labels = torch.stack([tokens.gather(1, anchor_t + i) for i in range(1, bsz)], -1)
+    return tokens, feats, anchor_t, labels
+
+
+def step_batch(data: DistillSet, picks, anchors: int, bsz: int, target, d: Dist):
+    """make_batch on the device, features from the data or, given target, from it."""
+    tokens, feats, anchor_t, labels = (None if x is None else x.to(d.device) for x in
+                                       make_batch(data, picks, anchors, bsz, target is None))
+    if target is not None:
+        with d.on_device():
+            feats = target_features(target, tokens)
     return tokens, feats, anchor_t, labels
 
 
@@ -88,24 +111,37 @@ def split(n: int, spec: TrainSpec) -> tuple[list[int], list[int]]:
     return perm[n_val:], perm[:n_val]
 
 
+VAL_STREAM = 999_999  # seeds validation anchors apart from training's
+
+
 @torch.no_grad()
-def evaluate(drafter: Drafter, data: DistillSet, ids: list[int], spec: TrainSpec) -> dict:
+def evaluate(drafter: Drafter, data: DistillSet, ids: list[int], spec: TrainSpec,
+             d: Dist = SINGLE, target=None) -> dict:
     """Teacher-forced per-position accuracy on validation sequences (an offline proxy;
-    online tau comes from the runtime)."""
+    online tau comes from the runtime): means over sequences. Each rank scores the ids
+    it is given (its own shards'); sums are added over ranks, and every sequence's
+    anchors are seeded by its id, so the result does not depend on the world size."""
     drafter.eval()
     bsz = drafter.cfg.block_size
-    rng = np.random.default_rng([spec.seed, 999_999])
-    accs, losses = [], []
-    w = position_weights(bsz, spec.gamma)
-    for a in range(0, len(ids), spec.batch):
-        tokens, feats, anchors, labels = make_batch(data, ids[a:a + spec.batch], spec.anchors,
-                                                    bsz, rng)
-        loss, acc = block_loss(drafter(tokens, feats, anchors), drafter.label_space(labels), w)
-        losses.append(loss.item())
-        accs.append(acc)
+    w = position_weights(bsz, spec.gamma).to(d.device)
+    sums = torch.zeros(bsz + 1)  # loss, accuracy per position, sequences
+    batches = [ids[a:a + spec.batch] for a in range(0, len(ids), spec.batch)]
+    for k in range(d.max(len(batches))):  # as many rounds as the busiest rank: a sharded
+        if k >= len(batches):            # target's layers gather in every rank's forward
+            if target is not None:
+                target_features(target, torch.zeros(1, 1, dtype=torch.long, device=d.device))
+            continue
+        picks = [(i, np.random.default_rng([spec.seed, VAL_STREAM, i])) for i in batches[k]]
+        tokens, feats, anchors, labels = step_batch(data, picks, spec.anchors, bsz, target, d)
+        with d.on_device():
+            loss, acc = block_loss(drafter(tokens, feats, anchors), drafter.label_space(labels),
+                                   w)
+        sums += torch.cat([loss[None], acc, torch.ones(1, device=acc.device)]).cpu() * len(picks)
     drafter.train()
-    acc = torch.stack(accs).mean(0)
-    return {"val_loss": float(np.mean(losses)), "val_accuracy": [round(float(x), 4) for x in acc],
+    sums = d.sum(sums)
+    mean = sums[:-1] / sums[-1]
+    acc = mean[1:]
+    return {"val_loss": float(mean[0]), "val_accuracy": [round(float(x), 4) for x in acc],
             "val_expected_tau": float(1 + torch.cumprod(acc, 0).sum())}
 
 
@@ -128,52 +164,102 @@ def param_groups(drafter: Drafter, spec: TrainSpec) -> list[dict]:
 
 
 def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
-          progress: bool = True) -> dict:
+          progress: bool = True, *, target=None, d: Dist = SINGLE,
+          parallel: str = "ddp") -> dict:
+    """Train drafter on data; checkpoints, log.jsonl and resume in work. target: recompute
+    the features with it in every step (the data may then hold tokens only); d, parallel:
+    this process's place in a torchrun job and the wrapping (``distributed.py``). Every
+    rank ends with the trained weights in drafter; only rank 0 writes files."""
     from tqdm import tqdm
 
     bsz = drafter.cfg.block_size
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(param_groups(drafter, spec), lr=spec.lr, betas=(0.9, 0.95))
     train_ids, val_ids = split(len(data), spec)
-    w = position_weights(bsz, spec.gamma)
-    work.mkdir(parents=True, exist_ok=True)
-    ckpt = work / "checkpoint.pt"
+    sampler = Sampler(data, train_ids, spec.batch, spec.seed, d.rank, d.world)
+    data.keep(rank_shards(d.rank, d.world, len(data.shard_sizes), sampler.lanes))
+    if target is None and not data.has_features:
+        raise HyflashError("the data holds no cached features (generated for --features "
+                           "recompute): rerun with --features recompute")
+    if target is not None:
+        place_target(target, d, parallel)
+    model, trained = wrap(drafter, d, parallel)
+    params = [p for p in trained.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(param_groups(trained, spec), lr=spec.lr, betas=(0.9, 0.95))
+    w = position_weights(bsz, spec.gamma).to(d.device)
+    if d.main:
+        work.mkdir(parents=True, exist_ok=True)
+    d.barrier()
     step, last_loss = 0, None
     run = run_settings(drafter, spec)
-    state = load_checkpoint(ckpt)
-    if state is not None:
-        check_resumable(ckpt, state.get("run", run), run)
-        drafter.load_state_dict(state["drafter"], strict=False)  # (DraftHead re-derives rows)
-        opt.load_state_dict(state["opt"])
-        step, last_loss = state["step"], state.get("loss")
-    drafter.train()
+    meta = checkpoints.read_meta(work)
+    if meta is not None:
+        check_resumable(work / checkpoints.META, meta.get("run", run), run)
+        checkpoints.load(model, opt, work, meta, d)
+        step, last_loss = meta["step"], meta.get("loss")
+    log = StepLog(work / "log.jsonl", step, d.main)
+    trained.train()
     bar = tqdm(total=spec.steps, initial=step, desc=f"train {drafter.cfg.arch}",
-               disable=not progress, dynamic_ncols=True)
+               disable=not (progress and d.main), dynamic_ncols=True)
     t0, ema = time.time(), None
     while step < spec.steps:
-        rng = np.random.default_rng([spec.seed, step])
-        ids = rng.choice(train_ids, size=spec.batch, replace=len(train_ids) < spec.batch)
-        tokens, feats, anchors, labels = make_batch(data, ids.tolist(), spec.anchors, bsz, rng)
+        tokens, feats, anchors, labels = step_batch(data, sampler.local(step), spec.anchors,
+                                                    bsz, target, d)
+        lr = lr_at(step, spec)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, spec) * g["lr_scale"]
-        loss, acc = block_loss(drafter(tokens, feats, anchors), drafter.label_space(labels), w)
+            g["lr"] = lr * g["lr_scale"]
+        with d.on_device():
+            loss, acc = block_loss(model(tokens, feats, anchors), drafter.label_space(labels),
+                                   w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        step, last_loss = step + 1, round(loss.item(), 4)
-        ema = acc if ema is None else 0.95 * ema + 0.05 * acc
+        mean_loss = d.mean(loss)  # the global batch's loss (the ranks' shares are equal)
+        step, last_loss = step + 1, round(mean_loss, 4)
+        log.write(step, mean_loss, lr)
+        ema = acc.cpu() if ema is None else 0.95 * ema + 0.05 * acc.cpu()
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}",
+        bar.set_postfix(loss=f"{mean_loss:.3f}",
                         acc="/".join(f"{x:.2f}" for x in ema[:4].tolist()))
         if step % spec.checkpoint_every == 0 or step == spec.steps:
-            save_checkpoint(ckpt, {"drafter": drafter.trainable_state(), "opt": opt.state_dict(),
-                                   "step": step, "loss": last_loss, "run": run})
+            checkpoints.save(model, opt, work, {"step": step, "loss": last_loss, "run": run}, d,
+                             save_checkpoint)
     bar.close()
+    log.close()
+    unwrap(model, drafter, d)
     report = {"train_spec": asdict(spec), "train_seconds_last_run": round(time.time() - t0, 1),
-              "final_train_loss": last_loss}
-    report.update(evaluate(drafter, data, val_ids, spec))
+              "final_train_loss": last_loss, "world_size": d.world}
+    report.update(evaluate(drafter, data, [i for i in val_ids if data.owns(i)], spec, d,
+                           target))
     return report
+
+
+class StepLog:
+    """``log.jsonl``, rank 0's: one line per step with the global batch's loss and the
+    learning rate. A resumed run first drops the lines after its checkpoint."""
+
+    def __init__(self, path: Path, step: int, enabled: bool):
+        self.file = None
+        if not enabled:
+            return
+        kept = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] <= step:
+                        kept.append(line)
+                except (ValueError, KeyError, TypeError):  # a line torn by a killed run
+                    continue
+        path.write_text("".join(f"{line}\n" for line in kept))
+        self.file = path.open("a")
+
+    def write(self, step: int, loss: float, lr: float) -> None:
+        if self.file:
+            self.file.write(json.dumps({"step": step, "loss": loss, "lr": lr}) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
 
 
 def run_settings(drafter: Drafter, spec: TrainSpec) -> dict:

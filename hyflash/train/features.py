@@ -1,0 +1,70 @@
+"""Target features for training: cached with the data, or recomputed in the training step.
+
+Caching is free while generating (the target computes them anyway) and makes a training
+step cheap, but it costs F x 2 bytes per token on disk: 3.4 KiB for SmolLM2-135M (7.7 GiB
+for its 4096-sequence run), 24 KiB for an 8B target with 4096-wide layers, i.e. 38 GiB for
+the default 2048 continuations of ~810 tokens. Past ``CACHE_LIMIT`` the training step
+instead runs the frozen target over the batch (up to its last tap layer, no LM head, no KV
+cache) and the data keeps tokens only. ``--features auto`` decides from
+``cache_estimate``; ``cache`` and ``recompute`` override it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hyflash.train.folders import human_bytes
+
+FEATURE_MODES = ("auto", "cache", "recompute")
+CACHE_LIMIT = 16 * 2**30  # bytes of cached features; above it, recompute
+
+
+def expected_tokens(spec) -> float:
+    """Tokens with features in a data set of this DataSpec (mean prompt + continuation)."""
+    short = sum(spec.short_prompt) / 2
+    long = sum(spec.long_prompt) / 2
+    prompt = spec.long_fraction * long + (1 - spec.long_fraction) * short
+    return spec.sequences * (prompt + spec.gen_len - 1)
+
+
+def cache_estimate(spec, feature_size: int) -> int:
+    """Bytes the cached features would take (float16)."""
+    return int(expected_tokens(spec) * feature_size * 2)
+
+
+def choose(mode: str, spec, feature_size: int) -> tuple[bool, str]:
+    """-> (recompute?, the line that says why)."""
+    est = cache_estimate(spec, feature_size)
+    size = f"{feature_size * 2} B/token x {expected_tokens(spec):,.0f} tokens = " \
+           f"{human_bytes(est)}"
+    if mode == "cache":
+        return False, f"features: cached with the data ({size}; --features cache)"
+    if mode == "recompute":
+        return True, f"features: recomputed in each training step (--features recompute; " \
+                     f"caching them would take {size})"
+    if est > CACHE_LIMIT:
+        return True, (f"features: recomputed in each training step (caching them would take "
+                      f"{size} > {human_bytes(CACHE_LIMIT)}; --features cache to cache anyway)")
+    return False, f"features: cached with the data ({size} <= {human_bytes(CACHE_LIMIT)})"
+
+
+@torch.no_grad()
+def target_features(target, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens [N, T] -> the target's tap features [N, T, F] (float32), as generation
+    computes them, by a causal pass from position 0 without a KV cache; layers after the
+    last tap layer and the LM head are skipped. Padding after a sequence's end changes
+    nothing before it (causal)."""
+    cfg = target.cfg
+    if target.cache_batch:  # a cache left by generation would be written, and read
+        target.drop_cache()
+    t = tokens.shape[1]
+    pos = torch.arange(t, device=tokens.device)
+    cos, sin = target.rope_cos[pos], target.rope_sin[pos]
+    mask = pos[None, :] <= pos[:, None]
+    x = target.embed_tokens(tokens)
+    taps = []
+    for i, layer in enumerate(target.layers[: max(cfg.tap_layers) + 1]):
+        x, _ = layer(x, cos, sin, pos, mask)
+        if i in cfg.tap_layers:
+            taps.append(x)
+    return torch.cat(taps, dim=-1).float()

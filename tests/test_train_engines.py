@@ -1,0 +1,133 @@
+"""Generation engines: vLLM's request/response mapping (with a stand-in for ``vllm.LLM``:
+vLLM needs a CUDA GPU), transformers' generate, and hyflash's own target write the same
+continuations; an engine that stops early, a missing vLLM and vLLM under torchrun are
+one line."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import WORDS
+
+from hyflash.cli import main
+from hyflash.errors import HyflashError
+from hyflash.models.target import Target
+from hyflash.train import command, distributed, engines, features
+from hyflash.train.data import DataSpec, continue_batch, generate_dataset
+from hyflash.train.shards import DistillSet
+
+torch.set_num_threads(1)
+SPEC = DataSpec(sequences=8, gen_len=6, short_prompt=(4, 8), long_prompt=(12, 20), batch=4,
+                shard=4)
+
+
+class FakeParams(SimpleNamespace):
+    """vllm.SamplingParams as a record of its keyword arguments."""
+
+
+class FakeLLM:
+    """vllm.LLM's offline ``generate``: answers token-id prompts with the target's greedy
+    continuation (hyflash's own, so the data must come out the same), or ``short`` tokens."""
+
+    def __init__(self, target, short: int | None = None):
+        self.target, self.short, self.calls = target, short, []
+
+    def generate(self, inputs, params, use_tqdm=True):
+        self.calls.append((inputs, params))
+        prompts = torch.tensor([x["prompt_token_ids"] for x in inputs])
+        tokens, _ = continue_batch(self.target, prompts, params[0].max_tokens, False, 1.0,
+                                   torch.Generator())
+        rows = tokens[:, prompts.shape[1]:].tolist()
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=r[:self.short])])
+                for r in rows]
+
+
+@pytest.fixture(scope="module")
+def target(model_folder):
+    return Target.from_pretrained(model_folder)
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return torch.randint(2, len(WORDS), (800,), generator=torch.Generator().manual_seed(0)).numpy()
+
+
+def prompts():
+    return torch.randint(2, len(WORDS), (3, 10), generator=torch.Generator().manual_seed(4))
+
+
+def test_vllm_requests_ask_for_exactly_gen_len_tokens_with_seeds_from_the_shard(target):
+    engine = engines.VllmEngine(FakeLLM(target), FakeParams)
+    inputs, params = engine.requests(prompts(), 6, True, 0.7, torch.Generator().manual_seed(9))
+    assert [x["prompt_token_ids"] for x in inputs] == prompts().tolist()
+    assert {(p.n, p.max_tokens, p.min_tokens, p.ignore_eos, p.temperature) for p in params} \
+        == {(1, 6, 6, True, 0.7)}
+    seeds = [p.seed for p in params]
+    assert len(set(seeds)) == 3  # one per request, reproducible from the shard's generator
+    again = engine.requests(prompts(), 6, True, 0.7, torch.Generator().manual_seed(9))[1]
+    assert [p.seed for p in again] == seeds
+    greedy = engine.requests(prompts(), 6, False, 0.7, torch.Generator())[1]
+    assert {p.temperature for p in greedy} == {0.0}
+
+
+def test_vllm_engine_data_equals_hyflash_engine_data(tmp_path, target, stream):
+    """Same continuations (the stand-in answers with the target's own); the features,
+    which vLLM does not give, come from one causal pass of the target."""
+    generate_dataset(target, stream, SPEC, tmp_path / "ours", progress=False)
+    llm = FakeLLM(target)
+    generate_dataset(target, stream, SPEC, tmp_path / "vllm", progress=False,
+                     engine=engines.VllmEngine(llm, FakeParams))
+    target.drop_cache()
+    assert len(llm.calls) == 2  # one request batch per generation batch
+    ours, theirs = DistillSet(tmp_path / "ours"), DistillSet(tmp_path / "vllm")
+    for i in range(SPEC.sequences):
+        (ta, fa, pa), (tb, fb, pb) = ours.get(i), theirs.get(i)
+        assert torch.equal(ta, tb) and pa == pb
+        torch.testing.assert_close(fa, fb, atol=2e-3, rtol=1e-2)
+
+
+def test_an_engine_that_stops_early_is_one_line(target):
+    engine = engines.VllmEngine(FakeLLM(target, short=4), FakeParams)
+    with pytest.raises(HyflashError, match="returned 4 tokens for prompt 0, not --gen-len 6"):
+        engine.continue_batch(prompts(), 6, False, 1.0, torch.Generator())
+    target.drop_cache()
+
+
+def test_transformers_engine_writes_the_targets_greedy_continuations(model_folder, target):
+    ours, f = continue_batch(target, prompts(), 6, False, 1.0, torch.Generator())
+    target.drop_cache()
+    theirs, none = engines.TransformersEngine(model_folder).continue_batch(
+        prompts(), 6, False, 1.0, torch.Generator())
+    assert torch.equal(ours, theirs) and none is None and f is not None
+
+
+def test_vllm_is_refused_in_one_line_where_it_cannot_run(model_folder, tmp_path, capsys,
+                                                         monkeypatch):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(" ".join(f"w{i % 40}" for i in range(500)))
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # vLLM not installed (as here)
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["train", "--target", str(model_folder), "--data", str(corpus), "--out",
+                 str(tmp_path / "d"), "--engine", "vllm", "--gen-len", "16", "--sequences",
+                 "8", "--batch", "4", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine vllm needs vLLM (Linux + CUDA GPU)" in err and err.count("\n") == 1
+    assert not (tmp_path / "d.work").exists()  # refused before any work
+    with pytest.raises(HyflashError, match="runs in one process, not under torchrun"):
+        engines.check_engine("vllm", world=2)
+
+
+def test_parallel_without_torchrun_is_one_line(model_folder, tmp_path, capsys):
+    assert main(["train", "--target", str(model_folder), "--data", "stdlib", "--out",
+                 str(tmp_path / "d"), "--parallel", "fsdp", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--parallel fsdp applies under torchrun only" in err and err.count("\n") == 1
+
+
+def test_command_choices_are_the_modules():
+    assert command.ENGINES == engines.ENGINES and command.ENGINES[0] == "hyflash"
+    assert command.FEATURE_MODES == features.FEATURE_MODES
+    assert command.PARALLEL == distributed.PARALLEL
