@@ -13,3 +13,11 @@ def require_onnx_extra(what: str) -> None:
     if missing:
         raise HyflashError(f"{what} needs the onnx extra ({', '.join(missing)} missing): "
                            "pip install 'hyflash[onnx]'")
+
+
+def require_coreml_extra(what: str) -> None:
+    """coremltools is the optional `coreml` extra (it converts and reads .mlpackage files on
+    any OS; only macOS can predict with them)."""
+    if find_spec("coremltools") is None:
+        raise HyflashError(f"{what} needs the coreml extra (coremltools missing): "
+                           "pip install 'hyflash[coreml]'")

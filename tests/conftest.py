@@ -5,6 +5,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+
 @pytest.fixture(autouse=True, scope="session")
 def private_cache(tmp_path_factory):
     """Nothing a test runs writes into the user's ~/.cache/hyflash (simulate's tau records,

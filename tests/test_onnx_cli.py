@@ -79,8 +79,8 @@ def test_export_bad_input_is_one_line(exported, capsys, tmp_path):
                                    str(tmp_path / "b")], "unknown ExecuTorch quantization")
     one_line_error(capsys, base + ["--quant", "8da4w", "--out", str(tmp_path / "b")],
                    "8da4w is an ExecuTorch recipe: pass --backend executorch")
-    one_line_error(capsys, base + ["--backend", "coreml", "--out", str(tmp_path / "b")],
-                   "not implemented yet")
+    one_line_error(capsys, base + ["--backend", "coreml", "--quant", "8da4w", "--out",
+                                   str(tmp_path / "b")], "unknown Core ML quantization")
     keep = tmp_path / "my-notes"
     keep.mkdir()
     (keep / "notes.txt").write_text("precious")

@@ -88,8 +88,15 @@ ROLES: dict[str, dict[str, Role]] = {
         "drafter_step": Role("drafter", ("anchor", "features", "n_valid"), ("logits",)),
         "drafter_commit": Role("drafter", ("features", "n_valid"), ()),
     },
+    # one .mlpackage (a folder) per role; the KV cache is Core ML state (no I/O) or, for
+    # iOS 17, explicit static_io inputs and outputs
+    "coreml": {
+        "target": Role("target", ("tokens", "input_pos"), ("logits", "features")),
+        "drafter_step": Role("drafter", ("anchor", "features", "n_valid"), ("logits",)),
+        "drafter_commit": Role("drafter", ("features", "n_valid"), ()),
+    },
 }
-KV_IN_PROGRAM = "mutable_buffers"  # kv_cache.form of a cache that is no graph I/O
+KV_IN_PROGRAM = ("mutable_buffers", "state")  # kv_cache.forms of a cache that is no graph I/O
 # the target role's named I/O when its KV cache form is not ROLES' past/present one
 TARGET_ROLES: dict[str, Role] = {
     "in_place": Role("target", ("input_ids", "seqlens_k", "total_sequence_length"),
@@ -154,6 +161,12 @@ class Manifest:
             return TARGET_ROLES[self.kv_cache.form]
         return ROLES[self.backend][role]
 
+    def file_bytes(self, name: str) -> int | None:
+        """Bytes of a listed file, or of all listed files in a folder (a Core ML
+        .mlpackage); None if nothing is listed under name."""
+        sizes = [e.bytes for n, e in self.files.items() if n == name or n.startswith(name + "/")]
+        return sum(sizes) if sizes else None
+
     def model(self, role: str) -> ModelContract:
         if role not in self.models:
             raise HyflashError(f"this {self.backend} bundle has no {role} graph: {REEXPORT}")
@@ -216,12 +229,12 @@ class Manifest:
             if role not in roles:
                 raise ManifestError(path, f"is not a graph role of {self.backend} bundles "
                                           f"({', '.join(roles)})")
-            if c.file not in self.files:
+            if self.file_bytes(c.file) is None:
                 raise ManifestError(f"{path}.file", f"names {c.file}, which files does not list")
             spec = self.role(role)
             ins, outs = list(spec.inputs), list(spec.outputs)
             if spec.model == "target":
-                if self.kv_cache.form != KV_IN_PROGRAM:
+                if self.kv_cache.form not in KV_IN_PROGRAM:
                     ins, outs = ins + past, outs + present
             else:
                 if c.commit_rows is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from hyflash.bundle import FORMAT_VERSION, Bundle
 from hyflash.bundle.records import KV_FORMS, TensorSpec
 
@@ -43,7 +45,7 @@ def describe(bundle: Bundle) -> str:
     for role, c in m.models.items():
         ins = ", ".join(f"{s.name}{list(s.shape)}" for s in compact(c.inputs))
         outs = ", ".join(f"{s.name}{list(s.shape)}" for s in compact(c.outputs))
-        size = m.files[c.file].bytes / MIB
+        size = m.file_bytes(c.file) / MIB
         method = f" {c.method}" if c.method else ""
         rows.append((f"{role} ({c.file}{method}, {size:.1f} MiB)", f"{ins} -> {outs}"))
     width = max(len(k) for k, _ in rows)
@@ -54,9 +56,9 @@ def compact(specs: tuple[TensorSpec, ...]) -> list[TensorSpec]:
     """Fold per-layer KV entries (past_key_values.N.key ...) into one line each."""
     out, seen = [], set()
     for s in specs:
-        parts = s.name.split(".")
-        if len(parts) == 3 and parts[1].isdigit():
-            key = f"{parts[0]}.*.{parts[2]}"
+        parts = re.fullmatch(r"(.+?)[._](\d+)[._](key|value)", s.name)  # . ONNX, _ Core ML
+        if parts:
+            key = f"{parts[1]}.*.{parts[3]}"
             if key in seen:
                 continue
             seen.add(key)

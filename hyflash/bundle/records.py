@@ -24,7 +24,12 @@ KV_FORMS = {"past_present": "[1, kv_heads, positions, head_dim] per layer, keys 
                         "in place at the call's positions (GroupQueryAttention)",
             "mutable_buffers": "[1, kv_heads, max_seq_len, head_dim] per layer, keys (k) and "
                                "values (v); mutable buffers inside the program, shared by its "
-                               "target methods and written at input_pos; not method I/O"}
+                               "target methods and written at input_pos; not method I/O",
+            "state": "[1, kv_heads, max_seq_len, head_dim] per layer, keys and values; Core ML "
+                     "states (iOS 18) inside the model, written at input_pos; not model I/O",
+            "static_io": "[1, kv_heads, max_seq_len, head_dim] per layer, keys and values; "
+                         "the whole cache goes in and comes out with the call's rows written "
+                         "at input_pos (Core ML without states, iOS 17)"}
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 

@@ -33,6 +33,29 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja")
 
 
+def load_pair(target_path: str | Path, drafter_dir: str | Path, max_seq_len: int | None,
+              window_cache: str):
+    """What every exporter starts from: -> (target folder, drafter folder, Target, Drafter),
+    both float32, the drafter's window layout set, its context checked. The target keeps
+    its own tap layers: load_drafter refuses a drafter trained on others."""
+    from hyflash.models.drafter import (
+        check_drafter_context,
+        check_window_cache,
+        load_drafter,
+        resolve_drafter_folder,
+    )
+    from hyflash.models.target import Target, resolve_model_folder
+
+    check_window_cache(window_cache)
+    folder = resolve_model_folder(target_path)
+    drafter_dir = resolve_drafter_folder(drafter_dir)
+    target = Target.from_pretrained(folder, dtype="float32", max_seq_len=max_seq_len)
+    drafter = load_drafter(drafter_dir, target).float()
+    check_drafter_context(drafter.cfg, target.cfg.max_seq_len, drafter_dir)
+    drafter.window_cache = window_cache
+    return folder, drafter_dir, target, drafter
+
+
 def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: str | Path,
                        quant: str = "fp32", max_seq_len: int | None = None,
                        progress: bool = True, window_cache: str = "kv",
@@ -44,23 +67,9 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
     ``auto``, lean where the model allows it)."""
     import torch
 
-    from hyflash.models.drafter import (
-        check_drafter_context,
-        check_window_cache,
-        load_drafter,
-        resolve_drafter_folder,
-    )
-    from hyflash.models.target import Target, resolve_model_folder
-
     check_recipe(quant)  # before the slow part
-    folder = resolve_model_folder(target_path)
-    drafter_dir = resolve_drafter_folder(drafter_dir)
-    # the target keeps its own tap layers: load_drafter refuses a drafter trained on others
-    target = Target.from_pretrained(folder, dtype="float32", max_seq_len=max_seq_len)
-    drafter = load_drafter(drafter_dir, target).float()
-    check_drafter_context(drafter.cfg, target.cfg.max_seq_len, drafter_dir)
-    check_window_cache(window_cache)
-    drafter.window_cache = window_cache
+    folder, drafter_dir, target, drafter = load_pair(target_path, drafter_dir, max_seq_len,
+                                                     window_cache)
     target_file, kv_cache, export_target = target_graph_form(target_graph, target)
     files = {**ox.FILES, "target": target_file}
 

@@ -12,6 +12,8 @@ BACKENDS = ("onnx", "executorch", "coreml")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from hyflash.export.coreml import DEPLOYMENTS, KV_FORMS
+    from hyflash.export.coreml import RECIPES as COREML_RECIPES
     from hyflash.export.executorch import RECIPES as ET_RECIPES
     from hyflash.export.onnx_lean import TARGET_GRAPHS
     from hyflash.export.quantize import RECIPES  # light: the heavy imports are in handlers
@@ -22,13 +24,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", required=True, metavar="DIR",
                    help="the drafter trained for this target (`hyflash train --out DIR`)")
     p.add_argument("--backend", choices=BACKENDS, default="onnx",
-                   help="runtime to export for (default onnx; coreml is not implemented "
-                        "yet)")
-    p.add_argument("--quant", choices=list(dict.fromkeys([*RECIPES, *ET_RECIPES])),
-                   default="fp32",
-                   help="quantization recipe (default fp32): onnx takes fp32, int8, int4 "
-                        "(weight-only); executorch takes fp32, 8da4w (int4 grouped weights, "
-                        "int8 per-token activations)")
+                   help="runtime to export for (default onnx)")
+    p.add_argument("--quant", choices=list(dict.fromkeys([*RECIPES, *ET_RECIPES,
+                                                          *COREML_RECIPES])),
+                   default=None,
+                   help="quantization recipe (default fp32; coreml: fp16): onnx takes fp32, "
+                        "int8, int4 (weight-only); executorch takes fp32, 8da4w (int4 grouped "
+                        "weights, int8 per-token activations); coreml takes fp16, int8 "
+                        "(per channel), int4 (blocks of 32, iOS 18), weight-only")
     p.add_argument("--group-size", type=positive_int, default=None,
                    help="executorch 8da4w only: weights per int4 group (default 32); a "
                         "multiple of 32 (XNNPACK) that divides every layer's input size")
@@ -48,12 +51,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "past/present KV as explicit I/O, which optimum's "
                         "ORTModelForCausalLM loads. Default auto: lean where the model "
                         "allows it, else optimum")
+    p.add_argument("--coreml-kv", choices=KV_FORMS, default=None,
+                   help="coreml only: the target's KV cache as Core ML state (default; iOS "
+                        "18) or as explicit inputs and outputs (io; iOS 17)")
+    p.add_argument("--coreml-target", choices=DEPLOYMENTS, default=None,
+                   help="coreml only: minimum deployment target (default: the lowest that "
+                        "holds the KV form and recipe: ios18 for state or int4, else ios17)")
     p.add_argument("--threads", type=threads, default=DEFAULT_THREADS,
                    help=f"torch CPU threads while exporting (default {DEFAULT_THREADS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.quant is None:
+        args.quant = "fp16" if args.backend == "coreml" else "fp32"
+    if args.backend == "coreml":
+        return run_coreml(args)
+    if args.coreml_kv or args.coreml_target:
+        flag = "--coreml-kv" if args.coreml_kv else "--coreml-target"
+        raise HyflashError(f"{flag} applies to --backend coreml: drop it")
     if args.backend == "executorch":
         return run_executorch(args)
     if args.backend != "onnx":
@@ -97,6 +113,32 @@ def run_executorch(args: argparse.Namespace) -> int:
     export_executorch_bundle(args.target, args.drafter, args.out, args.quant, args.group_size,
                              args.max_seq_len, progress=not args.no_progress,
                              window_cache=args.window_cache)
+    print(describe(read_bundle(args.out)))
+    return 0
+
+
+def run_coreml(args: argparse.Namespace) -> int:
+    from hyflash.export.coreml import check_options
+    from hyflash.extras import require_coreml_extra
+
+    check_options(args.quant, args.coreml_kv or "state", args.coreml_target)
+    for flag, value, applies in (("--group-size", args.group_size, "--backend executorch"),
+                                 ("--target-graph", args.target_graph != "auto",
+                                  "--backend onnx")):
+        if value:
+            raise HyflashError(f"{flag} applies to {applies}: drop it")
+    require_coreml_extra("Core ML export")
+    check_pair(args.target, args.drafter, args.max_seq_len)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from hyflash.bundle import read_bundle
+    from hyflash.bundle.describe import describe
+    from hyflash.export.coreml_bundle import export_coreml_bundle
+
+    export_coreml_bundle(args.target, args.drafter, args.out, args.quant,
+                         args.coreml_kv or "state", args.coreml_target, args.max_seq_len,
+                         progress=not args.no_progress, window_cache=args.window_cache)
     print(describe(read_bundle(args.out)))
     return 0
 

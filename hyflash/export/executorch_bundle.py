@@ -25,24 +25,12 @@ def export_executorch_bundle(target_path: str | Path, drafter_dir: str | Path,
                              progress: bool = True, window_cache: str = "kv") -> Manifest:
     """Export the target at target_path (a model folder, .gguf, hub id or ``pocket``) and
     the drafter trained for it into an ExecuTorch bundle at out; return the manifest."""
-    from hyflash.export.bundle import copy_tokenizer
+    from hyflash.export.bundle import copy_tokenizer, load_pair
     from hyflash.export.onnx import state_input, state_output
-    from hyflash.models.drafter import (
-        check_drafter_context,
-        check_window_cache,
-        load_drafter,
-        resolve_drafter_folder,
-    )
-    from hyflash.models.target import Target, resolve_model_folder
 
     et.check_recipe(quant, group_size)  # before the slow part
-    check_window_cache(window_cache)
-    folder = resolve_model_folder(target_path)
-    drafter_dir = resolve_drafter_folder(drafter_dir)
-    target = Target.from_pretrained(folder, dtype="float32", max_seq_len=max_seq_len)
-    drafter = load_drafter(drafter_dir, target).float()
-    check_drafter_context(drafter.cfg, target.cfg.max_seq_len, drafter_dir)
-    drafter.window_cache = window_cache
+    folder, drafter_dir, target, drafter = load_pair(target_path, drafter_dir, max_seq_len,
+                                                     window_cache)
     state = tuple(StateSpec(k, state_input(k), state_output(k), tuple(v.shape),
                             str(v.dtype).removeprefix("torch."))
                   for k, v in drafter.init_state().items())

@@ -109,6 +109,13 @@ class ProgramTarget(nn.Module):
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """tokens [1, T] at positions input_pos[0].. -> logits [1, T, V]; writes the KV
         cache and the positions' tap features [T, F] into the ring."""
+        logits, features = self.run(tokens, input_pos)
+        self.features.index_copy_(0, self.ring_rows(tokens, input_pos), features[0])
+        return logits
+
+    def run(self, tokens: torch.Tensor, input_pos: torch.Tensor):
+        """-> logits [1, T, V], tap features [1, T, F]; writes the KV cache (the Core ML
+        export returns both, ``hyflash.export.coreml_modules``)."""
         tg, cfg = self.target, self.target.cfg
         t = tokens.shape[1]
         pos = input_pos.reshape(()) + torch.arange(t)
@@ -124,8 +131,7 @@ class ProgramTarget(nn.Module):
             x = x + layer.mlp(self.norm(layer.post_attention_layernorm, x))
             if i in cfg.tap_layers:
                 taps.append(x)
-        self.features.index_copy_(0, self.ring_rows(tokens, input_pos), torch.cat(taps, -1)[0])
-        return tg.lm_head(self.norm(tg.norm, x))
+        return tg.lm_head(self.norm(tg.norm, x)), torch.cat(taps, -1)
 
 
 class ForwardMethod(nn.Module):

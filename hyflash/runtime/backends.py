@@ -128,10 +128,15 @@ class TorchTarget:
 
 def open_bundle(folder, threads: int = 0):
     """-> (bundle, target, drafter) of an exported bundle, with the backends of the runtime
-    its manifest names (``onnx``: ONNX Runtime; ``executorch``: executorch.runtime)."""
+    its manifest names (``onnx``: ONNX Runtime; ``executorch``: executorch.runtime;
+    ``coreml``: Core ML, macOS only)."""
     from hyflash.bundle import read_bundle
 
     backend = read_bundle(folder, verify_hashes=False).manifest.backend
+    if backend == "coreml":  # Core ML predicts on macOS only: elsewhere one line says so
+        from hyflash.runtime.coreml_backend import load_coreml_pair
+
+        return load_coreml_pair(folder, threads=threads)
     if backend == "executorch":
         from hyflash.runtime.executorch_backend import load_executorch_pair
 

@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--drafter", metavar="DIR", help="a drafter folder from `hyflash train`")
     src.add_argument("--bundle", metavar="DIR",
                      help="an exported bundle (`hyflash export`): runs its graphs with "
-                          "ONNX Runtime or its program with ExecuTorch, as the phone would")
+                          "ONNX Runtime, its program with ExecuTorch or its packages with "
+                          "Core ML (macOS), as the phone would")
     src.add_argument("--no-draft", action="store_true",
                      help="plain autoregressive decoding through the same engine (baseline)")
     p.add_argument("--prompt", required=True, help="the prompt text")

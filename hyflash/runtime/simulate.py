@@ -43,8 +43,9 @@ DEFAULT_PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="DIR", help="an ONNX or ExecuTorch bundle (`hyflash "
-                                                 "export --backend onnx|executorch --out DIR`)")
+    p.add_argument("bundle", metavar="DIR", help="an ONNX, ExecuTorch or Core ML (macOS) bundle "
+                                                 "(`hyflash export --backend "
+                                                 "onnx|executorch|coreml --out DIR`)")
     p.add_argument("--prompts", metavar="FILE",
                    help="prompts: .jsonl (one JSON string or {\"prompt\": ...} per line) or "
                         "text with prompts separated by lines holding only ---; default: "
