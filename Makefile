@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo install lint native clean
+.PHONY: test demo bench install lint native clean
 
 install: $(STAMP)
 
@@ -36,6 +36,11 @@ test: lint native
 
 demo: $(STAMP)
 	$(VENV)/bin/hyflash demo
+
+# The standard suite (the pocket pair, every configuration and peer; results in
+# benchmarks/results/bench-pocket.*). Peers' venvs and llama.cpp are built on first use.
+bench: native
+	$(PY) -m hyflash bench --setup-peers
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

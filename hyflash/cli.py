@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hyflash import __version__
-from hyflash.argtypes import DEFAULT_THREADS, positive_int, threads
+from hyflash.argtypes import positive_int
 from hyflash.errors import HyflashError
 
 
@@ -31,14 +31,6 @@ class Command:
     description: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
-
-
-def not_yet(what: str, issue: int, meanwhile: str) -> Callable[[argparse.Namespace], int]:
-    """The run of a command whose arguments parse already but whose work lands later."""
-    def run(args: argparse.Namespace) -> int:
-        raise HyflashError(f"{what} is not implemented yet (tracked in issue #{issue}); "
-                           f"meanwhile {meanwhile}")
-    return run
 
 
 def lazy_args(module: str) -> Callable[[argparse.ArgumentParser], None]:
@@ -186,44 +178,6 @@ def drafter_rows(path: str) -> list[tuple[str, object]]:
     ]
 
 
-# ------------------------------------------------------------------------- demo
-
-DEMO_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
-
-
-def demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=threads, default=DEFAULT_THREADS,
-                   help=f"torch CPU threads (default {DEFAULT_THREADS}: the pocket model is too "
-                        "small to gain from more)")
-
-
-def demo_run(args: argparse.Namespace) -> int:
-    """Speculative decoding on the embedded pocket model with its shipped HyFlash drafter,
-    offline. The full end-to-end demo (export, simulate, budget) lands with its issue."""
-    print("HyFlash demo: the pocket code model + its HyFlash drafter, torch runtime, greedy\n")
-    code = main(["generate", "--target", "pocket", "--drafter", "pocket", "--prompt",
-                 DEMO_PROMPT, "--max-new-tokens", "96", "--threads", str(args.threads)])
-    print("\nNext: hyflash export --target pocket --drafter pocket --backend onnx --quant int4 "
-          "--out bundles/pocket-int4\n      hyflash simulate bundles/pocket-int4")
-    return code
-
-
-# ------------------------------------------------------- commands not built yet
-
-def bench_args(p: argparse.ArgumentParser) -> None:
-    """The arguments `hyflash bench` will take (issue #16), parsed already."""
-    p.add_argument("--suite", default="standard", metavar="NAME",
-                   help="which benchmark suite to run (default standard)")
-    p.add_argument("--quick", action="store_true", help="the small suite the tests run")
-    p.add_argument("--target", metavar="PATH_OR_HUB_ID", help="a model to benchmark")
-    p.add_argument("--drafter", metavar="DIR", help="its drafter")
-    p.add_argument("--runs", type=positive_int, default=3, help="runs per configuration; "
-                                                               "the median is reported")
-    p.add_argument("--threads", type=threads, default=2, help="CPU threads (default 2)")
-    p.add_argument("--out", metavar="DIR", default="benchmarks/results",
-                   help="where the Markdown and PNG results go")
-
-
 # ------------------------------------------------------------------------ table
 
 COMMANDS: dict[str, Command] = {
@@ -248,10 +202,11 @@ COMMANDS: dict[str, Command] = {
         "per-position acceptance, time split and tokens/s.",
         lazy_args("hyflash.runtime.command"), lazy_run("hyflash.runtime.command")),
     "bench": Command(
-        "benchmark speculative vs plain decoding",
-        "Measure tokens/s, tau and memory over a prompt set, side by side in one process.",
-        bench_args, not_yet("hyflash bench", 16, "use `hyflash simulate BUNDLE` or the "
-                                                "scripts in benchmarks/")),
+        "benchmark our runtimes against the peers users would pick instead",
+        "Export (or reuse) the bundles, run every configuration and peer side by side in "
+        "fresh processes (medians), measure acceptance by context and draft-side memory, and "
+        "write Markdown, JSON and PNG results with the goals judged in plain words.",
+        lazy_args("hyflash.bench.command"), lazy_run("hyflash.bench.command")),
     "budget": Command(
         "size the on-device memory budget against device profiles",
         "Add up weights, KV cache, drafter state, activations and runtime overhead for a "
@@ -265,9 +220,10 @@ COMMANDS: dict[str, Command] = {
         inspect_args, inspect_run),
     "demo": Command(
         "run the end-to-end demo on the embedded pocket model",
-        "Generate with the shipped pocket model and its HyFlash drafter, fully offline, and "
-        "print the speculative decoding stats.",
-        demo_args, demo_run),
+        "Export the shipped pocket model and its HyFlash drafter for a phone (ONNX int4, "
+        "ExecuTorch 8da4w), simulate them on held-out code prompts with streaming output, "
+        "size the memory budget and project phone speed; offline, one report folder.",
+        lazy_args("hyflash.bench.demo"), lazy_run("hyflash.bench.demo")),
 }
 
 

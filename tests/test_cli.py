@@ -70,12 +70,6 @@ def test_inspect_describes_a_model_folder(tmp_path, capsys):
     assert "512 B/token" in out
 
 
-def test_demo_runs_offline_on_the_pocket_pair(capsys):
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    assert "tau (tokens per verify)" in out and "drafter calls" in out
-
-
 # ------------------------------------------------------------ bad input: exit 2, one line
 
 def damaged_copy(src, dst, how):
@@ -169,22 +163,3 @@ def test_a_bad_number_is_one_line_naming_the_flag(capsys, argv, needle):
     exit_2(capsys, argv, needle)
 
 
-@pytest.mark.parametrize("argv,issue", [
-    (["bench", "--suite", "standard", "--threads", "2", "--runs", "3", "--out", "OUT"], 16),
-    (["bench", "--quick", "--target", "pocket", "--drafter", "pocket", "--out", "OUT"], 16),
-])
-def test_commands_not_built_yet_take_their_future_arguments_and_name_their_issue(
-        capsys, tmp_path, argv, issue):
-    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
-    exit_2(capsys, argv, f"{argv[0]} is not implemented yet (tracked in issue #{issue})")
-    assert not (tmp_path / "out").exists()
-
-
-def test_demo_passes_its_threads_to_generate(monkeypatch):
-    import hyflash.cli as cli
-
-    seen = []
-    monkeypatch.setattr(cli, "main", lambda argv: seen.append(argv) or 0)
-    args = cli.build_parser().parse_args(["demo", "--threads", "1"])
-    assert args.run(args) == 0
-    assert seen[0][seen[0].index("--threads") + 1] == "1"
