@@ -73,6 +73,18 @@ def windowed(d: Drafter, window: int) -> Drafter:
     return cut.eval()
 
 
+def ablations(drafters: dict[str, Drafter]) -> list[tuple[str, Drafter, bool]]:
+    """(name, drafter, memory off) for every drafter as trained, then every drafter with
+    a memory with it zeroed, then every full-context one cut to the smallest window W."""
+    variants = [(name, d, False) for name, d in drafters.items()]
+    variants += [(f"{name}, memory off", d, True) for name, d in drafters.items()
+                 if d.cfg.memory != "none"]
+    window = min(d.cfg.window for d in drafters.values())
+    variants += [(f"{name}, last {window} only", windowed(d, window), False)
+                 for name, d in drafters.items() if d.cfg.arch == "full"]
+    return variants
+
+
 def memory_table(drafters: dict, contexts) -> dict:
     """Bytes of draft-side context memory (fp32) when the context holds n tokens, for both
     window layouts (per-layer K/V, fused features): HyFlash holds window + state whatever
@@ -95,6 +107,17 @@ def memory_table(drafters: dict, contexts) -> dict:
     return out
 
 
+def load_pair(target_name: str, specs: list[str]):
+    """--target and every --drafter NAME=DIR -> (folder, target, tokenizer, {name: drafter})."""
+    folder = resolve_model_folder(target_name)
+    target = Target.from_pretrained(folder)
+    drafters = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        drafters[name] = load_drafter(path, target)
+    return folder, target, load_tokenizer(folder), drafters
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -110,19 +133,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    folder = resolve_model_folder(args.target)
-    target = Target.from_pretrained(folder)
-    tok = load_tokenizer(folder)
-    drafters = {}
-    for spec in args.drafter:
-        name, _, path = spec.partition("=")
-        drafters[name] = load_drafter(path, target)
-    variants = [(name, d, False) for name, d in drafters.items()]
-    variants += [(f"{name}, memory off", d, True) for name, d in drafters.items()
-                 if d.cfg.memory != "none"]
-    window = min(d.cfg.window for d in drafters.values())
-    variants += [(f"{name}, last {window} only", windowed(d, window), False)
-                 for name, d in drafters.items() if d.cfg.arch == "full"]
+    folder, target, tok, drafters = load_pair(args.target, args.drafter)
+    variants = ablations(drafters)
     contexts = [int(c) for c in args.contexts.split(",")]
     results: dict = {"target": str(folder), "new_tokens": args.new_tokens,
                      "prompts_per_context": args.prompts, "runs": {}}

@@ -200,7 +200,7 @@ class DrafterShape:
                Matrix("k_proj", h, h, n), Matrix("v_proj", h, h, n), Matrix("o_proj", h, h, n),
                Matrix("gate_proj", i, h, n), Matrix("up_proj", i, h, n),
                Matrix("down_proj", h, i, n)]
-        if self.memory == "decayed-linear":
+        if self.memory in ("decayed-linear", "recall"):
             out.append(Matrix("memory.gate", self.heads, h, n))
         return out
 
@@ -211,7 +211,7 @@ class DrafterShape:
         memory = 0
         if self.memory == "prefix-slots":
             memory = n * (self.heads + 2 * self.heads * self.slots * self.head_dim)
-        elif self.memory == "decayed-linear":
+        elif self.memory in ("decayed-linear", "recall"):
             memory = n * (self.heads + self.heads)  # decay logits + gate bias
         return 2 * n * h + 3 * h + memory  # per-layer norms; fc_norm, norm, mask_embed
 

@@ -361,6 +361,9 @@ class Drafter(nn.Module):
             S_all, z_all = [], []
             for li, layer in enumerate(self.layers):
                 k, v = self.window_kv(state, li, slice(0, rows))  # the rows that leave
+                if layer.memory.successor:  # recall: the value of the row after each
+                    v_new = layer.kv_rows(new[None])[1][0].to(dtype)
+                    v = torch.cat([self.window_kv(state, li)[1], v_new])[1:rows + 1]
                 heads = (rows, cfg.num_heads, cfg.head_dim)
                 S, z = layer.memory.absorb(state["memory_S"][li], state["memory_z"][li],
                                            k.view(heads).transpose(0, 1),

@@ -17,6 +17,10 @@ They differ in how the block uses it (the two readings of "prefix memory"):
 - ``prefix-slots``: M learned slot queries read the state; the read-outs become M extra
   keys/values (learned keys) that the block attends to inside the same softmax as the
   window, so attention itself decides how much to take from memory.
+- ``recall``: ``decayed-linear`` whose state pairs each evicted feature's key with the
+  value of the feature that FOLLOWED it, so a block query matching an old token reads
+  what came next (an induction read of evicted context; issue 14's "memory write that
+  keeps token identity": the target's early tap layer carries the token's identity).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MEMORY_KINDS = ("prefix-slots", "decayed-linear", "none")
+MEMORY_KINDS = ("prefix-slots", "decayed-linear", "recall", "none")
 DEFAULT_MEMORY = "prefix-slots"  # the better of the two readings on the pocket model (README)
 EPS = 1e-6
 
@@ -41,6 +45,7 @@ class DecayedState(nn.Module):
     """Per-head decayed linear attention state [H, hd, hd] + normaliser [H, hd]."""
 
     slots = 0  # extra keys/values the kind adds to the block's attention
+    successor = False  # values from the feature after each key's (recall)
 
     def __init__(self, heads: int, head_dim: int,
                  half_lives: tuple[float, float] = (16.0, 1024.0)):
@@ -100,6 +105,19 @@ class GatedReadout(DecayedState):
         return local + gate * mem
 
 
+class RecallReadout(GatedReadout):
+    """recall: the gated read-out of a state that maps each evicted feature (key) to the
+    feature after it (value)."""
+
+    successor = True
+
+    def read_parallel(self, q, k, v, age):
+        """As the parent, with key j's value taken from context position j+1 (a key in
+        memory is at least W+1 before the anchor, so its successor is context too)."""
+        nxt = torch.cat([v[:, :, 1:], torch.zeros_like(v[:, :, :1])], dim=2)
+        return super().read_parallel(q, k, nxt, age)
+
+
 class PrefixSlots(DecayedState):
     """prefix-slots: M learned queries read the state into M keys/values for the block."""
 
@@ -128,6 +146,8 @@ def make_memory(kind: str, heads: int, head_dim: int, hidden: int) -> nn.Module 
         return None
     if kind == "decayed-linear":
         return GatedReadout(heads, head_dim, hidden)
+    if kind == "recall":
+        return RecallReadout(heads, head_dim, hidden)
     if kind == "prefix-slots":
         return PrefixSlots(heads, head_dim)
     raise ValueError(f"unknown memory kind {kind!r}: choose one of {', '.join(MEMORY_KINDS)}")

@@ -29,7 +29,7 @@ from hyflash.errors import HyflashError
 # hyflash.models.memory.MEMORY_KINDS, default first; spelled out so that --help does not
 # import torch (tests/test_train.py checks they agree); likewise engines.ENGINES,
 # features.FEATURE_MODES and distributed.PARALLEL (tests/test_train_distributed.py)
-MEMORY_KINDS = ("prefix-slots", "decayed-linear", "none")
+MEMORY_KINDS = ("prefix-slots", "decayed-linear", "recall", "none")
 ENGINES = ("hyflash", "transformers", "vllm")
 FEATURE_MODES = ("auto", "cache", "recompute")
 PARALLEL = ("ddp", "fsdp")
@@ -61,8 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory", default=MEMORY_KINDS[0], choices=MEMORY_KINDS,
                    help="memory kind (hyflash only): prefix-slots (default: learned slot "
                         "queries read the memory into extra keys of the softmax), "
-                        "decayed-linear (every query reads it, a gate mixes it in) or none "
-                        "(window only)")
+                        "decayed-linear (every query reads it, a gate mixes it in), recall "
+                        "(decayed-linear keyed by each old token, valued by the one after "
+                        "it) or none (window only)")
     g.add_argument("--draft-vocab", type=nonneg_int, default=0,
                    help="score only this many token ids, the ones the target writes most in "
                         "the distillation data (EAGLE-3's reduced draft vocabulary: a smaller "
