@@ -192,6 +192,23 @@ def test_data_only_generates_the_data_and_stops(model_folder, corpus, tmp_path, 
     assert f"data ready in {data}" in capsys.readouterr().out
 
 
+def test_train_command_takes_tokens_from_a_tokens_only_folder(model_folder, corpus, tmp_path,
+                                                              capsys):
+    out = tmp_path / "drafter"
+    assert main(small_run(model_folder, corpus, out, "--data-only", "--features",
+                          "recompute")) == 0
+    assert main(small_run(model_folder, corpus, out, "--data-only", "--features",
+                          "cache")) == 0
+    said = capsys.readouterr().out
+    assert "tokens: taken from" in said
+    cached, tokens_only = sorted((tmp_path / "drafter.work").glob("data-*"),
+                                 key=lambda p: DistillSet(p).has_features, reverse=True)
+    assert DistillSet(cached).has_features and not DistillSet(tokens_only).has_features
+    a, b = DistillSet(cached), DistillSet(tokens_only)
+    for i in range(len(a)):
+        assert torch.equal(a.get(i, features=False)[0], b.get(i, features=False)[0])
+
+
 def test_same_command_twice_gives_the_same_drafter(model_folder, corpus, tmp_path):
     def weights(name, *extra):
         assert main(small_run(model_folder, corpus, tmp_path / name, *extra)) == 0

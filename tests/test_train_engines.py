@@ -131,3 +131,33 @@ def test_command_choices_are_the_modules():
     assert command.ENGINES == engines.ENGINES and command.ENGINES[0] == "hyflash"
     assert command.FEATURE_MODES == features.FEATURE_MODES
     assert command.PARALLEL == distributed.PARALLEL
+
+
+class NoDecoding:
+    """An engine that must not be asked: every shard's tokens exist already."""
+
+    def continue_batch(self, *args):
+        raise AssertionError("decoded although the tokens were there")
+
+
+def test_features_are_computed_for_tokens_generated_earlier(tmp_path, target, stream):
+    """A tokens-only folder (an earlier session, another machine) gives its tokens to a
+    run that caches features: the same tokens, metadata and features as a fresh cached
+    generation, without decoding; a shard it lacks is generated."""
+    fresh = generate_dataset(target, stream, SPEC, tmp_path / "fresh", progress=False)
+    tokens = generate_dataset(target, stream, SPEC, tmp_path / "tokens", progress=False,
+                              features=False)
+    taken = generate_dataset(target, stream, SPEC, tmp_path / "taken", progress=False,
+                             engine=NoDecoding(), tokens_from=tokens)
+    a, b = DistillSet(fresh), DistillSet(taken)
+    assert b.has_features and not DistillSet(tokens).has_features
+    for i in range(SPEC.sequences):
+        (ta, fa, pa), (tb, fb, pb) = a.get(i), b.get(i)
+        assert torch.equal(ta, tb) and pa == pb
+        torch.testing.assert_close(fa, fb, atol=2e-3, rtol=1e-2)
+    (tokens / "shard0001.safetensors").unlink()  # the second shard: generated again
+    with pytest.raises(AssertionError, match="decoded"):
+        generate_dataset(target, stream, SPEC, tmp_path / "partial", progress=False,
+                         engine=NoDecoding(), tokens_from=tokens)
+    assert (tmp_path / "partial" / "shard0000.safetensors").exists()
+

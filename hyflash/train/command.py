@@ -180,7 +180,11 @@ def run_on(args: argparse.Namespace, d) -> int:
     mine = rank_shards(d.rank, d.world, spec.shards, lanes)
     recompute, why = choose(args.features, spec, target.cfg.feature_size)
     say(why)
-    data_dir = data_folder(work, spec, target_path, target, corpus_id, args.engine, recompute)
+    data_dir, tokens_from = data_folders(work, spec, target_path, target, corpus_id,
+                                         args.engine, recompute)
+    if tokens_from is not None and not (data_dir / "done").exists():
+        say(f"tokens: taken from {tokens_from} where it has them (features computed, no "
+            "decoding)")
     if not (data_dir / "done").exists():
         check_engine(args.engine, d.world)
     if d.main:
@@ -189,7 +193,7 @@ def run_on(args: argparse.Namespace, d) -> int:
     t0 = time.time()
     if not (data_dir / "done").exists():
         generate(args, d, target, target_path, tokenizer, texts, spec, data_dir, mine,
-                 not recompute)
+                 not recompute, tokens_from)
     target.drop_cache()
     if args.data_only:
         say(f"data ready in {data_dir}; rerun without --data-only to train")
@@ -227,20 +231,25 @@ def run_on(args: argparse.Namespace, d) -> int:
     return 0
 
 
-def data_folder(work: Path, spec, target_path, target, corpus_id: str, engine: str,
-                recompute: bool) -> Path:
-    """The data folder of these settings. Non-default settings join the key; data with
-    cached features also serves a run that recomputes them (it reads the tokens only)."""
+def data_folders(work: Path, spec, target_path, target, corpus_id: str, engine: str,
+                 recompute: bool) -> tuple[Path, Path | None]:
+    """(the data folder of these settings, a tokens-only folder of the same data or None).
+    Non-default settings join the key. Data with cached features also serves a run that
+    recomputes them (it reads the tokens only); a run that caches features takes the
+    tokens of a tokens-only folder (``--features recompute``, e.g. generated in an earlier
+    session or on another machine) and computes only their features."""
     target_id = str(target_path) + json.dumps(target.cfg.to_dict(), sort_keys=True)
     extra = {} if engine == ENGINES[0] else {"engine": engine}
     cached = work / f"data-{spec.key(target_id, corpus_id, extra)}"
-    if not recompute or (cached / "done").exists():
-        return cached
-    return work / f"data-{spec.key(target_id, corpus_id, {**extra, 'features': 'recompute'})}"
+    tokens_key = spec.key(target_id, corpus_id, {**extra, "features": "recompute"})
+    tokens_only = work / f"data-{tokens_key}"
+    if recompute:
+        return (cached if (cached / "done").exists() else tokens_only), None
+    return cached, (tokens_only if tokens_only.is_dir() else None)
 
 
 def generate(args, d, target, target_path, tokenizer, texts, spec, data_dir: Path,
-             mine: list[int], features: bool) -> None:
+             mine: list[int], features: bool, tokens_from: Path | None) -> None:
     """Every rank writes its own shards; rank 0 marks the folder done once all have."""
     from hyflash.train.corpus import token_stream
     from hyflash.train.data import generate_dataset
@@ -252,7 +261,8 @@ def generate(args, d, target, target_path, tokenizer, texts, spec, data_dir: Pat
     target.to(d.device)  # a GPU rank generates on its GPU, then frees it for training
     with d.on_device():
         generate_dataset(target, stream, spec, data_dir, progress=d.main and not args.quiet,
-                         engine=engine, shards=mine, features=features)
+                         engine=engine, shards=mine, features=features,
+                         tokens_from=tokens_from)
     target.drop_cache()
     target.to("cpu")
     d.barrier()

@@ -22,7 +22,7 @@ import torch
 
 from hyflash.errors import HyflashError
 from hyflash.models.target import Target
-from hyflash.train.shards import DistillSet, shard_exists, write_shard
+from hyflash.train.shards import DistillSet, Shard, shard_exists, shard_path, write_shard
 
 __all__ = ["DataSpec", "DistillSet", "continue_batch", "generate_dataset"]  # DistillSet: shards
 
@@ -115,13 +115,35 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
     return tokens, feats
 
 
+def features_for(target: Target, tokens: list[np.ndarray], batch: int) -> list[np.ndarray]:
+    """The target's features (float16 [T-1, F]) of sequences generated earlier: one
+    causal pass per run of up to ``batch`` consecutive sequences of equal length (a
+    generation batch has one length)."""
+    from hyflash.train.features import target_features
+
+    device = target.embed_tokens.weight.device
+    out: list[np.ndarray] = []
+    i = 0
+    while i < len(tokens):
+        j = i + 1
+        while j < len(tokens) and j - i < batch and len(tokens[j]) == len(tokens[i]):
+            j += 1
+        t = torch.from_numpy(np.stack(tokens[i:j])).long().to(device)
+        out += [f.cpu().numpy() for f in target_features(target, t[:, :-1]).half()]
+        i = j
+    return out
+
+
 def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Path,
                      progress: bool = True, engine=None, shards=None,
-                     features: bool = True) -> Path:
+                     features: bool = True, tokens_from: Path | None = None) -> Path:
     """Write shards of (tokens, features, prompt length) to out; resume where it stopped.
     engine: ``engines.py`` (default: hyflash's, on ``target``); shards: the shard numbers
     to write (default: all; a rank writes its own); features: cache them (else tokens
-    only: the training step recomputes them)."""
+    only: the training step recomputes them). tokens_from: a tokens-only folder of the
+    same spec (``--features recompute``, perhaps generated on another machine): its
+    shards' tokens are taken as they are and only their features computed (one causal
+    pass, no decoding); shards it lacks are generated."""
     from tqdm import tqdm
 
     from hyflash.train.engines import HyflashEngine
@@ -145,6 +167,12 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
     for s in todo:
         size = sizes[s]
         if shard_exists(out, s):
+            bar.update(size)
+            continue
+        if features and tokens_from is not None and shard_path(tokens_from, s).exists():
+            src = Shard(shard_path(tokens_from, s))
+            toks = [src.tokens(i).numpy().astype(np.int32) for i in range(len(src))]
+            write_shard(out, s, toks, features_for(target, toks, spec.batch), src.meta)
             bar.update(size)
             continue
         rng = np.random.default_rng([spec.seed, s])

@@ -91,7 +91,8 @@ class Shard:
             self.has_features = True
         self.token_offsets = index["token_offsets"]
         self.feature_offsets = index.get("feature_offsets")
-        self.prompt_lens = [int(m["prompt_len"]) for m in index["sequences"]]
+        self.meta = index["sequences"]
+        self.prompt_lens = [int(m["prompt_len"]) for m in self.meta]
 
     def __len__(self) -> int:
         return len(self.prompt_lens)
