@@ -1,0 +1,130 @@
+"""Build the SmolLM2-135M-Instruct HyFlash drafter the speed benchmarks use, by one command,
+across as many sessions as it takes.
+
+The recipe is fixed here (RECIPE). Its expensive part is the self-distillation data:
+4096 greedy continuations of 128 tokens after code prompts of up to 512 tokens, about
+1.6M tokens through a 135M-parameter fp32 target on this CPU. A session of this machine
+ends before that and the next starts on a fresh disk, so the tokens travel in the
+repository (a few MB, ``benchmarks/distill/``); the features (GBs) are recomputed from
+them by ``hyflash train`` (one causal pass per batch, no decoding).
+
+    python benchmarks/smollm2_drafter.py              # restore tokens, generate/train, resume
+    python benchmarks/smollm2_drafter.py --data-only  # stop after the data
+    python benchmarks/smollm2_drafter.py --save-tokens  # copy finished shards' tokens into
+                                                        # benchmarks/distill/ (then commit)
+    python benchmarks/smollm2_drafter.py --nproc 2    # two processes (torchrun), one core each
+
+The drafter lands in --out (default: the hyflash cache, runs/smollm2-hyflash), where
+``hyflash bench --suite smollm2`` and ``benchmarks/backend_simulate.py`` look for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from hyflash.models.gguf import cache_root
+
+HERE = Path(__file__).resolve().parent
+TOKENS = HERE / "distill" / "smollm2-hyflash"
+RECIPE = ["--data", "stdlib", "--sequences", "4096", "--gen-len", "128", "--max-seq-len", "640",
+          "--data-batch", "32", "--draft-vocab", "8192", "--steps", "1500"]
+
+
+def gguf() -> Path:
+    out = subprocess.run([sys.executable, str(HERE / "setup_models.py")], check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return Path(out)
+
+
+def folders(target: Path, work: Path) -> tuple[Path, Path]:
+    """(the data folder with cached features, the tokens-only folder) of RECIPE."""
+    from hyflash.models.target import Target, resolve_model_folder
+    from hyflash.train import command
+    from hyflash.train.corpus import corpus_digest, read_corpus
+
+    p = argparse.ArgumentParser()
+    command.add_arguments(p)
+    args = p.parse_args([*RECIPE, "--target", str(target), "--out", "unused"])
+    folder = resolve_model_folder(str(target))
+    t = Target.from_pretrained(folder, max_seq_len=args.max_seq_len)
+    spec = command.data_spec(args, t.cfg.max_seq_len)
+    corpus = corpus_digest(read_corpus(args.data))
+    cached, _ = command.data_folders(work, spec, folder, t, corpus, args.engine, False)
+    tokens, _ = command.data_folders(work, spec, folder, t, corpus, args.engine, True)
+    return cached, tokens
+
+
+def save_tokens(cached: Path, tokens_name: str) -> None:
+    """Every finished shard of the cached data -> a tokens-only shard in TOKENS."""
+    from hyflash.train.shards import Shard, shard_files, write_shard
+
+    dest = TOKENS / tokens_name
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(cached / "spec.json", dest / "spec.json")
+    n = 0
+    for s, path in shard_files(cached).items():
+        if (dest / path.name).exists():
+            continue
+        src = Shard(path)
+        write_shard(dest, s, [src.tokens(i).numpy() for i in range(len(src))], None, src.meta)
+        n += 1
+    have = len(shard_files(dest))
+    spec = json.loads((cached / "spec.json").read_text())
+    total = -(-spec["sequences"] // spec["shard"])
+    print(f"{n} shard(s) added; {dest} holds {have}/{total} shards of tokens")
+
+
+def restore_tokens(work: Path, tokens_name: str) -> None:
+    from hyflash.train.folders import claim_work
+
+    src = TOKENS / tokens_name
+    if not src.is_dir():
+        return
+    claim_work(work, Path("unused"))
+    dest = work / tokens_name
+    dest.mkdir(exist_ok=True)
+    for f in src.iterdir():
+        if not (dest / f.name).exists():
+            shutil.copy(f, dest / f.name)
+    print(f"tokens restored from {src} into {dest}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    root = cache_root()
+    ap.add_argument("--out", type=Path, default=root / "runs" / "smollm2-hyflash")
+    ap.add_argument("--work", type=Path, default=root / "work" / "smollm2-hyflash")
+    ap.add_argument("--data-only", action="store_true")
+    ap.add_argument("--save-tokens", action="store_true",
+                    help="copy the tokens of the finished shards into benchmarks/distill/")
+    ap.add_argument("--nproc", type=int, default=1, help="processes (torchrun when > 1)")
+    ap.add_argument("--threads", type=int, default=1, help="threads per process")
+    args = ap.parse_args()
+
+    target = gguf()
+    cached, tokens = folders(target, args.work)
+    if args.save_tokens:
+        save_tokens(cached, tokens.name)
+        return
+    restore_tokens(args.work, tokens.name)
+    cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
+           "--work", str(args.work), "--keep-work", "--threads", str(args.threads), *RECIPE]
+    if args.data_only:
+        cmd.append("--data-only")
+    if args.nproc > 1:
+        run = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={args.nproc}", *cmd]
+    else:
+        run = [sys.executable, *cmd]
+    print(" ".join(run), flush=True)
+    sys.exit(subprocess.run(run).returncode)
+
+
+if __name__ == "__main__":
+    main()
