@@ -22,9 +22,10 @@ KV_FORMS = {"past_present": "[1, kv_heads, positions, head_dim] per layer, keys 
             "in_place": "[1, kv_heads, max_seq_len, head_dim] per layer, keys and values; one "
                         "static buffer bound as both past input and present output, written "
                         "in place at the call's positions (GroupQueryAttention)",
-            "mutable_buffers": "[1, kv_heads, max_seq_len, head_dim] per layer, keys (k) and "
-                               "values (v); mutable buffers inside the program, shared by its "
-                               "target methods and written at input_pos; not method I/O",
+            "mutable_buffers": "keys (k) [kv_heads, max_seq_len, head_dim] and values (v) "
+                               "transposed [kv_heads, head_dim, max_seq_len] per layer; "
+                               "mutable buffers inside the program, shared by its target "
+                               "methods and written at input_pos; not method I/O",
             "state": "[1, kv_heads, max_seq_len, head_dim] per layer, keys and values; Core ML "
                      "states (iOS 18) inside the model, written at input_pos; not model I/O",
             "static_io": "[1, kv_heads, max_seq_len, head_dim] per layer, keys and values; "

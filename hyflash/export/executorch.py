@@ -163,8 +163,11 @@ def constant_methods(target, drafter, state: dict) -> dict:
     return out
 
 
-def export_program(target, drafter, path: Path) -> None:
-    """Write the .pte of the (possibly quantized) pair to path."""
+def export_program(target, drafter, path: Path, attention: str = "operand") -> None:
+    """Write the .pte of the (possibly quantized) pair to path. attention: the target's
+    attention form (``executorch_modules.ATTENTION_FORMS``): ``operand`` (the cache is the
+    left operand of both attention matmuls, read in place) or ``bmm`` (the earlier form, the
+    cache on the right: XNNPACK copies and packs it at every call; for comparison)."""
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import (
@@ -174,14 +177,15 @@ def export_program(target, drafter, path: Path) -> None:
     )
     from executorch.exir.passes import MemoryPlanningPass
 
-    from hyflash.export.executorch_modules import FeaturesMethod, ForwardMethod, ProgramTarget
+    from hyflash.export.executorch_modules import ATTENTION_FORMS as FORMS
+    from hyflash.export.executorch_modules import FeaturesMethod, ForwardMethod
     from hyflash.export.onnx import DrafterCommit
     from hyflash.models.drafter import DrafterStep
 
     dcfg = drafter.cfg
     target.requires_grad_(False)
     drafter.requires_grad_(False)
-    core = ProgramTarget(target, feature_rows(target, drafter))
+    core = FORMS[attention](target, feature_rows(target, drafter))
     state = drafter.init_state(torch.float32)
     seq = torch.export.Dim(SEQ, min=1, max=feature_rows(target, drafter))
     ex = (torch.zeros(1, 2, dtype=torch.long), torch.tensor([0]))
@@ -218,6 +222,9 @@ def export_program(target, drafter, path: Path) -> None:
             raise HyflashError(f"ExecuTorch export failed ({type(e).__name__}: {first[:200]}): "
                                "this target has an op torch.export or XNNPACK cannot take; "
                                "export it with --backend onnx") from e
+        finally:
+            if attention != "bmm":  # the form replaced Target's caches with its own layout
+                target.setup_cache(1, dtype=torch.float32)
     path.write_bytes(program.buffer)
 
 

@@ -83,8 +83,9 @@ class ProgramTarget(nn.Module):
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return x * cos + F.linear(x, self.rot_t) * sin
 
-    def attention(self, attn, x, cos, sin, pos, bias):
-        """Target's ``Attention.forward`` with a KV cache, as XNNPACK ops; bias [rep*T, S]."""
+    def projections(self, attn, x, cos, sin):
+        """q, k, v [1, heads, T, head_dim] of the layer's input, q and k normed (if the
+        target does) and rotated."""
         c = attn.cfg
         q = attn.q_proj(x).view(1, -1, c.num_attention_heads, c.head_dim)
         k = attn.k_proj(x).view(1, -1, c.num_key_value_heads, c.head_dim)
@@ -92,7 +93,12 @@ class ProgramTarget(nn.Module):
         if c.qk_norm:
             q, k = self.norm(attn.q_norm, q), self.norm(attn.k_norm, k)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        return self.rope(q, cos, sin), self.rope(k, cos, sin), v
+
+    def attention(self, attn, x, cos, sin, pos, bias):
+        """Target's ``Attention.forward`` with a KV cache, as XNNPACK ops; bias [rep*T, S]."""
+        c = attn.cfg
+        q, k, v = self.projections(attn, x, cos, sin)
         keys, values = attn.kv_cache.update(pos, k, v)
         kvh, rep, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, \
             c.head_dim
@@ -101,6 +107,14 @@ class ProgramTarget(nn.Module):
         y = torch.bmm(torch.softmax(scores, dim=-1), values.view(kvh, -1, hd))  # [kvh, rep*t, hd]
         y = y.view(kvh, rep, -1, hd).permute(2, 0, 1, 3).contiguous()
         return attn.o_proj(y.view(1, -1, kvh * rep * hd))
+
+    def call_mask(self, pos: torch.Tensor):
+        """What every layer's attention takes besides its input: the additive causal bias
+        [rep*T, S] of the call's positions pos [T]."""
+        cfg = self.target.cfg
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        visible = self.key_pos[None, :] <= pos[:, None]
+        return torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).repeat(rep, 1)
 
     def ring_rows(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """Ring rows of the call's positions input_pos[0] .. input_pos[0] + T - 1."""
@@ -120,9 +134,7 @@ class ProgramTarget(nn.Module):
         t = tokens.shape[1]
         pos = input_pos.reshape(()) + torch.arange(t)
         cos, sin = tg.rope_cos[pos], tg.rope_sin[pos]
-        rep = cfg.num_attention_heads // cfg.num_key_value_heads
-        visible = self.key_pos[None, :] <= pos[:, None]
-        bias = torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).repeat(rep, 1)
+        bias = self.call_mask(pos)
         x = tg.embed_tokens(tokens)
         taps = []
         for i, layer in enumerate(tg.layers):
@@ -157,3 +169,55 @@ class FeaturesMethod(nn.Module):
 
     def forward(self, tokens, input_pos):
         return self.core.features[self.core.ring_rows(tokens, input_pos)][None]
+
+
+# ------------------------------------------------------- attention forms (ExecuTorch only)
+
+class OperandKVCache(nn.Module):
+    """The cache of ``CacheOperandTarget`` (batch 1): keys [kv_heads, S, head_dim] and
+    values TRANSPOSED [kv_heads, head_dim, S], written by position like ``KVCache``."""
+
+    def __init__(self, heads: int, max_seq_len: int, head_dim: int):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(heads, max_seq_len, head_dim), persistent=False)
+        self.register_buffer("v", torch.zeros(heads, head_dim, max_seq_len), persistent=False)
+
+    def update(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """k, v [1, kv_heads, T, head_dim] at positions pos [T]."""
+        self.k.index_copy_(1, pos, k[0])
+        self.v.index_copy_(2, pos, v[0].transpose(1, 2))
+        return self.k, self.v
+
+
+class CacheOperandTarget(ProgramTarget):
+    """``ProgramTarget`` with the cache as the LEFT operand of both attention matmuls
+    (XNNPACK packs a matmul's right operand at every call when it is not a constant: with
+    the cache on the right, every call copied the whole cache twice, once by the reshape of
+    the 4-D buffer and once by that packing). scores^T = K @ q^T and y^T = V^T @ P^T read
+    the 3-D buffers in place; only the small q, P and y are transposed. Each output element
+    is the same dot product in the same order whatever the number of query rows, so a
+    verify row is still what a decode of that row computes."""
+
+    def __init__(self, target: Target, rows: int):
+        super().__init__(target, rows)
+        c = target.cfg
+        for layer in target.layers:
+            layer.self_attn.kv_cache = OperandKVCache(c.num_key_value_heads, c.max_seq_len,
+                                                      c.head_dim)
+
+    def attention(self, attn, x, cos, sin, pos, bias):
+        c = attn.cfg
+        q, k, v = self.projections(attn, x, cos, sin)
+        keys, values_t = attn.kv_cache.update(pos, k, v)
+        kvh, rep, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, \
+            c.head_dim
+        q = q.contiguous().view(kvh, -1, hd)  # query heads of a KV head stacked, as Target
+        scores = torch.bmm(keys, q.transpose(1, 2)).transpose(1, 2) * hd ** -0.5 + bias
+        y = torch.bmm(values_t, torch.softmax(scores, dim=-1).transpose(1, 2))  # [kvh, hd, rep*t]
+        y = y.transpose(1, 2).contiguous().view(kvh, rep, -1, hd).permute(2, 0, 1, 3)
+        return attn.o_proj(y.contiguous().view(1, -1, kvh * rep * hd))
+
+
+# the forms export_program takes (benchmarks/executorch_profile.py measures them; it adds
+# ExecuTorch's custom-op attention, which is not row-exact and so never exported here)
+ATTENTION_FORMS = {"operand": CacheOperandTarget, "bmm": ProgramTarget}
