@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hyflash.models.drafter import WINDOW_CACHES, Drafter, load_drafter
+from hyflash.models.drafter import WINDOW_CACHES, Drafter
+from hyflash.models.drafter_folder import load_drafter
 from hyflash.models.target import Target, resolve_model_folder
 from hyflash.models.tokenizer import load_tokenizer
 from hyflash.runtime import SpeculativeEngine, TorchTarget

@@ -147,7 +147,8 @@ def drafter_rows(path: str) -> list[tuple[str, object]]:
     import torch
 
     from hyflash.models import pocket
-    from hyflash.models.drafter import Drafter, read_drafter_config
+    from hyflash.models.drafter import Drafter
+    from hyflash.models.drafter_folder import read_drafter_config
 
     folder, cfg, meta = read_drafter_config(path)
     training = meta.get("training") if isinstance(meta.get("training"), dict) else {}

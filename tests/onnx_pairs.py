@@ -65,7 +65,7 @@ DRAFT_VOCAB = 24  # of the tiny vocabulary's 48 words
 def draft_vocab_variant(target: Target, data: DistillSet, trained: Path, root: Path) -> Path:
     """The trained hyflash drafter restricted to the DRAFT_VOCAB words the target wrote
     most: same weights, a reduced draft vocabulary (-inf logits outside it)."""
-    from hyflash.models.drafter import load_drafter
+    from hyflash.models.drafter_folder import load_drafter
 
     src = load_drafter(trained, target)
     d = Drafter(type(src.cfg)(**{**src.cfg.to_dict(), "draft_vocab": DRAFT_VOCAB}),

@@ -16,7 +16,8 @@ from test_runtime_sampling import ALPHA, engine_counts, exact_joint, pvalues
 from hyflash.cli import main
 from hyflash.errors import HyflashError
 from hyflash.models.draft_vocab import most_frequent
-from hyflash.models.drafter import Drafter, DrafterConfig, load_drafter
+from hyflash.models.drafter import Drafter, DrafterConfig
+from hyflash.models.drafter_folder import load_drafter
 from hyflash.models.target import Target
 from hyflash.runtime import SpeculativeEngine, TorchTarget
 from hyflash.runtime.drafter_backend import TorchDrafter

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from hyflash.errors import HyflashError
-from hyflash.models.drafter import (
-    Drafter,
-    DrafterConfig,
+from hyflash.models.drafter import Drafter, DrafterConfig
+from hyflash.models.drafter_folder import (
     check_drafter_context,
     check_drafter_fits,
     load_drafter,

@@ -12,7 +12,7 @@ import torch
 from onnx_pairs import BUNDLES, CONTEXT, prompts
 
 from hyflash.bundle import read_bundle
-from hyflash.models.drafter import load_drafter
+from hyflash.models.drafter_folder import load_drafter
 from hyflash.models.target import Target
 from hyflash.runtime import SpeculativeEngine, TorchTarget
 from hyflash.runtime.drafter_backend import TorchDrafter

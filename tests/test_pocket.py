@@ -131,7 +131,7 @@ def test_interrupted_build_resumes_from_its_checkpoint(tmp_path, monkeypatch, ca
 
 @pytest.mark.parametrize("name", ["pocket", "pocket-full"])
 def test_shipped_drafters_load_and_stay_lossless(name):
-    from hyflash.models.drafter import load_drafter
+    from hyflash.models.drafter_folder import load_drafter
     from hyflash.runtime import SpeculativeEngine, TorchTarget
     from hyflash.runtime.drafter_backend import TorchDrafter
 
@@ -148,7 +148,7 @@ def test_shipped_drafters_load_and_stay_lossless(name):
 
 
 def test_pocket_drafter_keywords_resolve_to_the_shipped_folders():
-    from hyflash.models.drafter import resolve_drafter_folder
+    from hyflash.models.drafter_folder import resolve_drafter_folder
 
     assert resolve_drafter_folder("pocket") == pocket.drafter_path("hyflash")
     assert resolve_drafter_folder("pocket-full") == pocket.drafter_path("full")

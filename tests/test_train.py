@@ -12,7 +12,8 @@ import hyflash.train.data as data_mod
 import hyflash.train.loop as loop
 from hyflash.cli import main
 from hyflash.errors import HyflashError
-from hyflash.models.drafter import Drafter, load_drafter
+from hyflash.models.drafter import Drafter
+from hyflash.models.drafter_folder import load_drafter
 from hyflash.models.target import Target
 from hyflash.train.data import DataSpec, DistillSet, generate_dataset
 

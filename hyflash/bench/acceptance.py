@@ -19,7 +19,7 @@ def measure(target_path: str, drafters: dict[str, str], contexts: list[int], pro
     from tqdm import tqdm
 
     from hyflash.bench.prompts import context_windows
-    from hyflash.models.drafter import load_drafter
+    from hyflash.models.drafter_folder import load_drafter
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.models.tokenizer import load_tokenizer
     from hyflash.runtime import SpeculativeEngine, TorchTarget

@@ -80,7 +80,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
 def untrained(drafter: str) -> bool:
     """A drafter folder without a training report was initialised, not trained: its tau
     means nothing (its speed rows still measure the calls)."""
-    from hyflash.models.drafter import read_drafter_config
+    from hyflash.models.drafter_folder import read_drafter_config
 
     return "training" not in read_drafter_config(drafter)[2]
 
@@ -199,7 +199,7 @@ def graph_form(folder: Path) -> str:
 
 
 def resolve_drafter(name: str) -> str:
-    from hyflash.models.drafter import resolve_drafter_folder
+    from hyflash.models.drafter_folder import resolve_drafter_folder
 
     return str(resolve_drafter_folder(name))
 

@@ -77,7 +77,7 @@ def identity(spec: ExportSpec) -> dict:
     """What a bundle is made from: the content of the pair's files, the options, the
     exporter's version. Paths are not part of it: a moved model is the same model."""
     from hyflash.export.bundle import TOKENIZER_FILES
-    from hyflash.models.drafter import resolve_drafter_folder
+    from hyflash.models.drafter_folder import resolve_drafter_folder
     from hyflash.models.target import resolve_model_folder
 
     target = resolve_model_folder(spec.target)

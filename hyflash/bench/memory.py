@@ -29,7 +29,7 @@ def drafter_bytes(cfg, layout: str) -> int:
 
 
 def table(drafters: dict[str, str], target_path: str, contexts=CONTEXTS) -> dict:
-    from hyflash.models.drafter import read_drafter_config
+    from hyflash.models.drafter_folder import read_drafter_config
     from hyflash.models.target import TargetConfig, read_hf_config, resolve_model_folder
 
     t = TargetConfig.from_hf(read_hf_config(resolve_model_folder(target_path)))

@@ -64,7 +64,7 @@ def drafter_of(src: Source, args, context: int) -> DrafterShape | None:
             return None
         d = DrafterShape.default_for(src.target, choice)
     else:
-        from hyflash.models.drafter import read_drafter_config
+        from hyflash.models.drafter_folder import read_drafter_config
 
         folder, cfg, _ = read_drafter_config(choice)
         d = DrafterShape.from_config(cfg)

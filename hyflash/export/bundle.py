@@ -38,9 +38,9 @@ def load_pair(target_path: str | Path, drafter_dir: str | Path, max_seq_len: int
     """What every exporter starts from: -> (target folder, drafter folder, Target, Drafter),
     both float32, the drafter's window layout set, its context checked. The target keeps
     its own tap layers: load_drafter refuses a drafter trained on others."""
-    from hyflash.models.drafter import (
+    from hyflash.models.drafter import check_window_cache
+    from hyflash.models.drafter_folder import (
         check_drafter_context,
-        check_window_cache,
         load_drafter,
         resolve_drafter_folder,
     )

@@ -148,7 +148,7 @@ def check_pair(target: str, drafter: str, max_seq_len: int | None) -> None:
     before the slow export: the drafter must be the one trained for this target (same
     vocabulary, hidden size and tap layers; the target is never re-tapped to suit a
     drafter), and the bundle's context must hold the drafter's window and one block."""
-    from hyflash.models.drafter import (
+    from hyflash.models.drafter_folder import (
         check_drafter_context,
         check_drafter_fits,
         read_drafter_config,

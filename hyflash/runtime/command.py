@@ -81,7 +81,7 @@ def open_engine(args: argparse.Namespace):
         eos = set(target.eos_token_ids)
         tokenizer = load_tokenizer(bundle.folder)
     else:
-        from hyflash.models.drafter import check_drafter_context
+        from hyflash.models.drafter_folder import check_drafter_context
         from hyflash.models.target import Target, resolve_model_folder
         from hyflash.runtime import TorchTarget
         from hyflash.runtime.drafter_backend import load_torch_drafter

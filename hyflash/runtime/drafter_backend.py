@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from hyflash.errors import HyflashError
-from hyflash.models.drafter import Drafter, load_drafter
+from hyflash.models.drafter import Drafter
+from hyflash.models.drafter_folder import load_drafter
 from hyflash.models.target import Target
 
 
