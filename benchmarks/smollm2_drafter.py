@@ -54,9 +54,7 @@ def folders(target: Path, work: Path) -> tuple[Path, Path]:
     t = Target.from_pretrained(folder, max_seq_len=args.max_seq_len)
     spec = command.data_spec(args, t.cfg.max_seq_len)
     corpus = corpus_digest(read_corpus(args.data))
-    cached, _ = command.data_folders(work, spec, folder, t, corpus, args.engine, False)
-    tokens, _ = command.data_folders(work, spec, folder, t, corpus, args.engine, True)
-    return cached, tokens
+    return command.folder_names(work, spec, folder, t, corpus, args.engine)
 
 
 def save_tokens(cached: Path, tokens_name: str) -> None:

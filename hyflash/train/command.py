@@ -238,14 +238,20 @@ def data_folders(work: Path, spec, target_path, target, corpus_id: str, engine: 
     recomputes them (it reads the tokens only); a run that caches features takes the
     tokens of a tokens-only folder (``--features recompute``, e.g. generated in an earlier
     session or on another machine) and computes only their features."""
+    cached, tokens_only = folder_names(work, spec, target_path, target, corpus_id, engine)
+    if recompute:
+        return (cached if (cached / "done").exists() else tokens_only), None
+    return cached, (tokens_only if tokens_only.is_dir() else None)
+
+
+def folder_names(work: Path, spec, target_path, target, corpus_id: str,
+                 engine: str) -> tuple[Path, Path]:
+    """(the folder of these settings with cached features, its tokens-only folder)."""
     target_id = str(target_path) + json.dumps(target.cfg.to_dict(), sort_keys=True)
     extra = {} if engine == ENGINES[0] else {"engine": engine}
     cached = work / f"data-{spec.key(target_id, corpus_id, extra)}"
     tokens_key = spec.key(target_id, corpus_id, {**extra, "features": "recompute"})
-    tokens_only = work / f"data-{tokens_key}"
-    if recompute:
-        return (cached if (cached / "done").exists() else tokens_only), None
-    return cached, (tokens_only if tokens_only.is_dir() else None)
+    return cached, work / f"data-{tokens_key}"
 
 
 def generate(args, d, target, target_path, tokenizer, texts, spec, data_dir: Path,
