@@ -221,7 +221,7 @@ def test_streaming_yields_the_tokens_as_they_commit():
 def test_stats_time_split_agrees_with_the_backends_own_clocks():
     """prefill / verify / draft are the time the backends spent in those calls; rollbacks
     are overhead (with the engine's own arithmetic, well under a millisecond a round); a
-    streaming consumer's time is not counted. Every call sleeps 20 ms, so a call booked to
+    streaming consumer's time is not counted. Every call sleeps 50 ms, so a call booked to
     the wrong phase moves it by twice the tolerance."""
     target = Stopwatch(TorchTarget(tiny_target(vocab=V, max_seq_len=L, seed=2)))
     drafter = Stopwatch(RandomDrafter(V, F, 4))
