@@ -218,7 +218,9 @@ def test_streaming_yields_the_tokens_as_they_commit():
     assert out.tokens[:4] + rest == out.tokens
 
 
-@pytest.mark.xfail(strict=False, reason="on this machine since 2026-12-02 overhead_s exceeds the rollbacks' own clock by 2-4 ms a round (13 ms at 20 ms sleeps, 30 ms at 50 ms), quiet or loaded; it passed in CI before: open, see the closing note")
+@pytest.mark.xfail(strict=False, reason=(
+    "since 2026-12-02 overhead_s exceeds the rollbacks' own clock by 2-4 ms a round "
+    "(13 ms at 20 ms sleeps, 30 ms at 50 ms), quiet or loaded; open"))
 def test_stats_time_split_agrees_with_the_backends_own_clocks():
     """prefill / verify / draft are the time the backends spent in those calls; rollbacks
     are overhead (with the engine's own arithmetic, well under a millisecond a round); a
