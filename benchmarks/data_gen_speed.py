@@ -81,7 +81,7 @@ def one_batch(impl, target: Target, n: int, length: int, gen_len: int, seed: int
                             generator=torch.Generator().manual_seed(seed))
     t0 = time.perf_counter()
     tokens, feats = impl.continue_batch(target, prompts, gen_len, False, 1.0,
-                                        torch.Generator().manual_seed(seed))
+                                        torch.Generator().manual_seed(seed))[:2]
     toks = [tokens[i].numpy().astype(np.int32) for i in range(n)]
     fts = [feats[i].to(torch.float16).numpy() for i in range(n)]
     t1 = time.perf_counter()

@@ -58,11 +58,13 @@ def test_continue_batch_matches_a_plain_decode_with_the_whole_cache(model_folder
     target = Target.from_pretrained(model_folder)
     prompts = torch.randint(2, 48, (3, 20), generator=torch.Generator().manual_seed(2))
     monkeypatch.setattr(data_mod, "PREFILL_SCORES_BYTES", scores_bytes)
-    tokens, feats = data_mod.continue_batch(target, prompts, 9, False, 1.0, torch.Generator())
+    tokens, feats, greedy = data_mod.continue_batch(target, prompts, 9, False, 1.0,
+                                                   torch.Generator())
     assert target.cache_len == 28 and feats.dtype == torch.float16
     target.setup_cache(3)  # the whole context, as generation did before
     with torch.inference_mode():
         logits, ref = target.prefill(prompts)
+        assert torch.equal(greedy[:, :20], logits.argmax(-1))  # the prompt's labels
         ref_tokens, ref_feats = [prompts], [ref]
         for pos in range(20, 29):
             ref_tokens.append(logits[:, -1].argmax(-1, keepdim=True))
@@ -70,6 +72,7 @@ def test_continue_batch_matches_a_plain_decode_with_the_whole_cache(model_folder
                 logits, f = target(ref_tokens[-1], pos)
                 ref_feats.append(f)
     assert torch.equal(tokens, torch.cat(ref_tokens, 1))
+    assert torch.equal(greedy[:, 19:], tokens[:, 20:])  # greedy decoding: its own labels
     torch.testing.assert_close(feats.float(), torch.cat(ref_feats, 1), atol=2e-3, rtol=1e-2)
 
 
@@ -147,6 +150,9 @@ def corpus(tmp_path_factory):
     return f
 
 
+RUN = "train-hyflash-s3-b2-a4"  # small_run's training run: its non-default settings named
+
+
 def small_run(model_folder, data, out, *extra) -> list[str]:
     return ["train", "--target", str(model_folder), "--data", str(data), "--out", str(out),
             "--layers", "1", "--heads", "4", "--block-size", "4", "--window", "8",
@@ -175,7 +181,7 @@ def test_keep_work_keeps_the_work_folder_and_says_how_big(model_folder, corpus, 
     size = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
     said = capsys.readouterr().out.splitlines()[-1]
     assert said.startswith(f"kept the work folder {work} ({size / 1024:.1f} KiB)")
-    assert [p.name for p in work.glob("data-*/train-hyflash/checkpoint.pt")]
+    assert [p.name for p in work.glob(f"data-*/{RUN}/checkpoint.pt")]
     # rerun: the finished checkpoint is resumed (no step left to run), same drafter
     weights = (out / "model.safetensors").read_bytes()
     loss = json.loads((out / "config.json").read_text())["training"]["final_train_loss"]
@@ -226,11 +232,11 @@ def test_another_corpus_regenerates_the_data_and_trains_afresh(model_folder, cor
     out, work = tmp_path / "drafter", tmp_path / "drafter.work"
     assert main(small_run(model_folder, corpus, out, "--keep-work")) == 0
     (first,) = work.glob("data-*")
-    old_ckpt = (first / "train-hyflash" / "checkpoint.pt").read_bytes()
+    old_ckpt = (first / RUN / "checkpoint.pt").read_bytes()
     assert main(small_run(model_folder, other, out, "--keep-work")) == 0
     (second,) = set(work.glob("data-*")) - {first}
-    assert (second / "train-hyflash" / "checkpoint.pt").exists()  # trained, not resumed
-    assert (first / "train-hyflash" / "checkpoint.pt").read_bytes() == old_ckpt
+    assert (second / RUN / "checkpoint.pt").exists()  # trained, not resumed
+    assert (first / RUN / "checkpoint.pt").read_bytes() == old_ckpt
     meta = json.loads((out / "config.json").read_text())["training"]
     assert meta["data"] == str(other)
     # the same drafter as a run that never saw the first corpus

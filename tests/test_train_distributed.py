@@ -72,7 +72,7 @@ def weights(folder: Path) -> dict:
 
 
 def run_dir(work: Path) -> Path:
-    (run,) = work.glob("data-*/train-hyflash")
+    (run,) = work.glob("data-*/train-hyflash*")
     return run
 
 

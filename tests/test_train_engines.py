@@ -35,7 +35,7 @@ class FakeLLM:
     def generate(self, inputs, params, use_tqdm=True):
         self.calls.append((inputs, params))
         prompts = torch.tensor([x["prompt_token_ids"] for x in inputs])
-        tokens, _ = continue_batch(self.target, prompts, params[0].max_tokens, False, 1.0,
+        tokens, _, _ = continue_batch(self.target, prompts, params[0].max_tokens, False, 1.0,
                                    torch.Generator())
         rows = tokens[:, prompts.shape[1]:].tolist()
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=r[:self.short])])
@@ -94,11 +94,12 @@ def test_an_engine_that_stops_early_is_one_line(target):
 
 
 def test_transformers_engine_writes_the_targets_greedy_continuations(model_folder, target):
-    ours, f = continue_batch(target, prompts(), 6, False, 1.0, torch.Generator())
+    ours, f, g = continue_batch(target, prompts(), 6, False, 1.0, torch.Generator())
     target.drop_cache()
-    theirs, none = engines.TransformersEngine(model_folder).continue_batch(
+    theirs, none, no_labels = engines.TransformersEngine(model_folder).continue_batch(
         prompts(), 6, False, 1.0, torch.Generator())
-    assert torch.equal(ours, theirs) and none is None and f is not None
+    assert torch.equal(ours, theirs) and none is None and no_labels is None
+    assert f is not None and g is not None
 
 
 def test_vllm_is_refused_in_one_line_where_it_cannot_run(model_folder, tmp_path, capsys,

@@ -35,6 +35,19 @@ FEATURE_MODES = ("auto", "cache", "recompute")
 PARALLEL = ("ddp", "fsdp")
 
 
+def run_suffix(spec) -> str:
+    """The training settings that differ from the defaults, in the run folder's name: runs
+    of other settings on the same data live side by side instead of refusing to resume
+    each other's checkpoint (runs of the default settings keep their old names)."""
+    from hyflash.train.loop import TrainSpec
+
+    base = TrainSpec()
+    short = {"steps": "s", "batch": "b", "anchors": "a", "lr": "lr", "seed": "seed",
+             "memory_lr_scale": "mls", "prompt_anchors": "pa"}
+    return "".join(f"-{tag}{getattr(spec, k):g}" for k, tag in short.items()
+                   if getattr(spec, k) != getattr(base, k))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True,
                    help="the target: a Hugging Face model folder, a .gguf file, a hub id, "
@@ -94,6 +107,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=positive_int, default=1500)
     g.add_argument("--batch", type=positive_int, default=8, help="sequences per step")
     g.add_argument("--anchors", type=positive_int, default=16, help="anchors (blocks) per sequence")
+    g.add_argument("--prompt-anchors", type=fraction, default=0.0,
+                   help="share of each sequence's anchors placed in its prompt, labelled with "
+                        "the target's greedy tokens while the text agrees with them (every "
+                        "prefix of a prompt is a prompt: more data from the same target "
+                        "passes; default 0: anchors in the continuation only)")
     g.add_argument("--lr", type=positive_float, default=1e-3)
     g.add_argument("--memory-lr-scale", type=positive_float, default=10.0,
                    help="learning-rate multiplier for the memory's decay logits and gate "
@@ -206,8 +224,10 @@ def run_on(args: argparse.Namespace, d) -> int:
                                                args.draft_vocab))
     train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
                            lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed,
-                           checkpoint_every=args.checkpoint_every)
+                           checkpoint_every=args.checkpoint_every,
+                           prompt_anchors=args.prompt_anchors)
     run_name = f"train-{args.arch}" + (f"-dv{args.draft_vocab}" if args.draft_vocab else "")
+    run_name += run_suffix(train_spec)
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
     report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet,

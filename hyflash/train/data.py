@@ -83,25 +83,32 @@ def prefill_chunk(target: Target, n: int, keys: int) -> int:
 def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: bool,
                    temperature: float, gen: torch.Generator):
     """prompts [N, L] -> tokens [N, L+gen_len] (int64), features [N, L+gen_len-1, F]
-    (float16). The last token is generated but not fed back, so it has no features.
+    (float16), greedy [N, L+gen_len-1] (int64: the target's argmax after each fed token;
+    the drafter's labels in the prompt). The last token is generated but not fed back, so
+    it has no features.
 
     Where the time goes, and why it is spent this way: the whole batch is prefilled
     together, in chunks; the KV cache holds exactly the L+gen_len-1 positions this batch
     feeds (each decode step attends over all of it, so a cache of the target's whole
     context would cost up to 4x the weights' traffic per step); logits are computed for
-    the last position only; features go straight into one preallocated float16 buffer."""
+    the last position only while decoding (every position in the prefill, for the greedy
+    labels); features go straight into one preallocated float16 buffer."""
     n, length = prompts.shape
     fed = length + gen_len - 1
     target.setup_cache(n, max_len=fed)
     tokens = torch.empty(n, fed + 1, dtype=torch.long)
     tokens[:, :length] = prompts
     feats = torch.empty(n, fed, target.cfg.feature_size, dtype=torch.float16)
+    greedy = torch.empty(n, fed, dtype=torch.long)
     chunk = prefill_chunk(target, n, fed)
     for a in range(0, length, chunk):
-        logits, f = target(prompts[:, a:a + chunk], a, last_logits=True)
+        logits, f = target(prompts[:, a:a + chunk], a)
         feats[:, a:a + f.shape[1]] = f
+        greedy[:, a:a + f.shape[1]] = logits.argmax(-1)
     for pos in range(length, fed + 1):
         last = logits[:, -1].float()
+        if pos > length:
+            greedy[:, pos - 1] = last.argmax(-1)
         if sample:
             probs = torch.softmax(last / temperature, -1)
             # the shard's generator is a CPU one (the same data on any device)
@@ -112,26 +119,30 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
         if pos < fed:
             logits, f = target(nxt, pos, last_logits=True)
             feats[:, pos] = f[:, 0]
-    return tokens, feats
+    return tokens, feats, greedy
 
 
-def features_for(target: Target, tokens: list[np.ndarray], batch: int) -> list[np.ndarray]:
-    """The target's features (float16 [T-1, F]) of sequences generated earlier: one
-    causal pass per run of up to ``batch`` consecutive sequences of equal length (a
-    generation batch has one length)."""
-    from hyflash.train.features import target_features
+def features_for(target: Target, tokens: list[np.ndarray],
+                 batch: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The target's features (float16 [T-1, F]) and greedy labels (int32 [T-1]) of
+    sequences generated earlier: one causal pass per run of up to ``batch`` consecutive
+    sequences of equal length (a generation batch has one length)."""
+    from hyflash.train.features import features_and_greedy
 
     device = target.embed_tokens.weight.device
     out: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
     i = 0
     while i < len(tokens):
         j = i + 1
         while j < len(tokens) and j - i < batch and len(tokens[j]) == len(tokens[i]):
             j += 1
         t = torch.from_numpy(np.stack(tokens[i:j])).long().to(device)
-        out += [f.cpu().numpy() for f in target_features(target, t[:, :-1]).half()]
+        f, g = features_and_greedy(target, t[:, :-1])
+        out += [x.cpu().numpy() for x in f.half()]
+        labels += [x.cpu().numpy().astype(np.int32) for x in g]
         i = j
-    return out
+    return out, labels
 
 
 def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Path,
@@ -147,7 +158,7 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
     from tqdm import tqdm
 
     from hyflash.train.engines import HyflashEngine
-    from hyflash.train.features import target_features
+    from hyflash.train.features import features_and_greedy
 
     max_len = spec.long_prompt[1] + spec.gen_len
     if max_len > target.cfg.max_seq_len:
@@ -172,12 +183,13 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
         if features and tokens_from is not None and shard_path(tokens_from, s).exists():
             src = Shard(shard_path(tokens_from, s))
             toks = [src.tokens(i).numpy().astype(np.int32) for i in range(len(src))]
-            write_shard(out, s, toks, features_for(target, toks, spec.batch), src.meta)
+            feats, labels = features_for(target, toks, spec.batch)
+            write_shard(out, s, toks, feats, src.meta, greedy=labels)
             bar.update(size)
             continue
         rng = np.random.default_rng([spec.seed, s])
         gen = torch.Generator().manual_seed(spec.seed * 100003 + s)
-        toks, feats, meta = [], [], []
+        toks, feats, labels, meta = [], [], [], []
         done = 0
         while done < size:
             n = min(spec.batch, size - done)
@@ -186,17 +198,21 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
             starts = rng.integers(0, len(stream) - length, n)
             prompts = torch.from_numpy(np.stack([stream[a:a + length] for a in starts])).long()
             sample = bool(rng.random() < spec.sampled_fraction)
-            t, f = engine.continue_batch(prompts, spec.gen_len, sample, spec.temperature, gen)
+            t, f, g = engine.continue_batch(prompts, spec.gen_len, sample, spec.temperature,
+                                            gen)
             if features and f is None:  # the engine gives tokens only: one causal pass
-                f = target_features(target, t[:, :-1].to(target.embed_tokens.weight.device))
+                f, g = features_and_greedy(target,
+                                           t[:, :-1].to(target.embed_tokens.weight.device))
                 f = f.half()
             for i in range(n):
                 toks.append(t[i].cpu().numpy().astype(np.int32))
                 if features:
                     feats.append(f[i].cpu().numpy())
+                    labels.append(g[i].cpu().numpy().astype(np.int32))
                 meta.append({"prompt_len": length, "sampled": sample})
             done += n
             bar.update(n)
-        write_shard(out, s, toks, feats if features else None, meta)
+        write_shard(out, s, toks, feats if features else None, meta,
+                    greedy=labels if features else None)
     bar.close()
     return out

@@ -2,9 +2,10 @@
 
 Every engine continues a batch of token-id prompts [N, L] by exactly ``gen_len`` tokens
 (greedy, or sampled at a temperature from the full distribution, seeded from the shard's
-generator) and returns tokens [N, L + gen_len], plus the target's features if it computes
-them on the way; when it does not and the run caches features, ``data.generate_dataset``
-computes them afterwards with one causal pass of hyflash's target per batch.
+generator) and returns tokens [N, L + gen_len], plus the target's features and greedy
+labels (its argmax after every fed token) if it computes them on the way; when it does not
+and the run caches features, ``data.generate_dataset`` computes both afterwards with one
+causal pass of hyflash's target per batch.
 
 - ``hyflash`` (default): hyflash's own ``Target`` (``data.continue_batch``): chunked
   prefill, a KV cache sized to the batch, features for free; measured fast on CPU
@@ -81,7 +82,8 @@ class TransformersEngine:
         inputs = prompts.to(self.device)
         out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs),
                                   generation_config=config)
-        return checked(out[:, prompts.shape[1]:].tolist(), prompts, gen_len, self.name), None
+        rows = out[:, prompts.shape[1]:].tolist()
+        return checked(rows, prompts, gen_len, self.name), None, None
 
 
 class VllmEngine:
@@ -114,7 +116,7 @@ class VllmEngine:
         if len(rows) != len(inputs):
             raise HyflashError(f"--engine vllm answered {len(rows)} of {len(inputs)} prompts; "
                                "rerun, or use --engine hyflash")
-        return checked(rows, prompts, gen_len, self.name), None
+        return checked(rows, prompts, gen_len, self.name), None, None
 
 
 def check_engine(name: str, world: int) -> None:

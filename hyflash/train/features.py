@@ -54,6 +54,22 @@ def target_features(target, tokens: torch.Tensor) -> torch.Tensor:
     computes them, by a causal pass from position 0 without a KV cache; layers after the
     last tap layer and the LM head are skipped. Padding after a sequence's end changes
     nothing before it (causal)."""
+    return causal_pass(target, tokens, greedy=False)[0]
+
+
+@torch.no_grad()
+def features_and_greedy(target, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [N, T] -> (features [N, T, F] float32, greedy [N, T] int64): the same pass
+    run through every layer and the LM head, greedy[:, j] being the target's argmax after
+    tokens 0..j. These are the drafter's labels wherever the data's text is not the
+    target's own greedy continuation (a prompt): see ``loop.block_labels``."""
+    return causal_pass(target, tokens, greedy=True)
+
+
+GREEDY_ROWS = 256  # LM-head rows per chunk: 256 x 49152 fp32 logits = 48 MiB
+
+
+def causal_pass(target, tokens: torch.Tensor, greedy: bool):
     cfg = target.cfg
     if target.cache_batch:  # a cache left by generation would be written, and read
         target.drop_cache()
@@ -63,8 +79,15 @@ def target_features(target, tokens: torch.Tensor) -> torch.Tensor:
     mask = pos[None, :] <= pos[:, None]
     x = target.embed_tokens(tokens)
     taps = []
-    for i, layer in enumerate(target.layers[: max(cfg.tap_layers) + 1]):
+    last = len(target.layers) - 1 if greedy else max(cfg.tap_layers)
+    for i, layer in enumerate(target.layers[: last + 1]):
         x, _ = layer(x, cos, sin, pos, mask)
         if i in cfg.tap_layers:
             taps.append(x)
-    return torch.cat(taps, dim=-1).float()
+    feats = torch.cat(taps, dim=-1).float()
+    if not greedy:
+        return feats, None
+    rows = x.reshape(-1, x.shape[-1])
+    arg = torch.cat([target.lm_head(target.norm(rows[a:a + GREEDY_ROWS])).argmax(-1)
+                     for a in range(0, rows.shape[0], GREEDY_ROWS)])
+    return feats, arg.view(tokens.shape)

@@ -1,7 +1,11 @@
 """The drafter training loop: many anchors per sequence, one parallel pass per step.
 
 Loss: cross-entropy on the target's tokens at the B-1 block positions, weighted by
-exp(-(i-1)/gamma) so early positions (which decide tau most) count most. AdamW with
+exp(-(i-1)/gamma) so early positions (which decide tau most) count most. Anchors sit in
+the target's continuation and, with ``prompt_anchors``, in the prompt too: every prefix
+of the prompt is a prompt the target could be asked to continue, and the data's greedy
+labels (the target's argmax after every token) say how it would, for as long as the text
+agrees with them (``block_labels``). AdamW with
 warmup + cosine decay, checkpoints every few hundred steps, and resume: the batch at
 step s depends only on (seed, s), so a resumed run sees exactly the data it would have.
 
@@ -43,6 +47,7 @@ class TrainSpec:
     weight_decay: float = 0.01
     memory_lr_scale: float = 10.0  # the memory's decays and gates: few scalars, slow to move
     gamma: float = 4.0
+    prompt_anchors: float = 0.0  # share of a sequence's anchors placed in its prompt
     checkpoint_every: int = 100
     val_fraction: float = 0.05
     seed: int = 0
@@ -52,34 +57,73 @@ def position_weights(bsz: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(bsz - 1, dtype=torch.float32) / gamma)
 
 
+NO_LABEL = -100  # a block position with no label: the text left the target's greedy path
+
+
+def pick_anchors(rng: np.random.Generator, plen: int, length: int, anchors: int, bsz: int,
+                 prompt_share: float) -> np.ndarray:
+    """Sorted anchor positions of one sequence: round(anchors x prompt_share) of them in
+    the prompt (positions 1..plen-2: at least one context feature, and a label inside the
+    prompt), the rest in the target's continuation (plen-1..length-B)."""
+    lo, hi = max(plen - 1, 0), length - bsz  # inclusive range of continuation anchors
+    n_prompt = round(anchors * prompt_share) if plen >= 3 else 0
+    parts = []
+    if n_prompt:
+        parts.append(rng.choice(np.arange(1, plen - 1), size=n_prompt,
+                                replace=plen - 2 < n_prompt))
+    n = anchors - n_prompt
+    parts.append(rng.choice(np.arange(lo, hi + 1), size=n, replace=hi + 1 - lo < n))
+    return np.sort(np.concatenate(parts))
+
+
+def block_labels(tokens: torch.Tensor, greedy: torch.Tensor, anchor_t: torch.Tensor,
+                 bsz: int) -> torch.Tensor:
+    """Labels [N, A, B-1] from the target's greedy tokens: position k of anchor p is
+    greedy[p+k-1], the target's token after the text up to p+k-1, which is its greedy
+    continuation from p only while the text agrees with it (tokens[p+j] == greedy[p+j-1]
+    for j < k); after the first disagreement there is no label (NO_LABEL). In the
+    continuation the text is the target's own greedy output, so every label stands."""
+    lab = torch.stack([greedy.gather(1, anchor_t + k - 1) for k in range(1, bsz)], -1)
+    text = torch.stack([tokens.gather(1, anchor_t + k) for k in range(1, bsz - 1)], -1)
+    agree = torch.cumprod((text == lab[..., :-1]).long(), -1).bool()
+    on_path = torch.cat([torch.ones_like(agree[..., :1]), agree], -1)
+    return lab.masked_fill(~on_path, NO_LABEL)
+
+
 def make_batch(data: DistillSet, picks: list[tuple[int, np.random.Generator]], anchors: int,
-               bsz: int, features: bool = True):
-    """Pad a few sequences and pick anchors in their generated part, each sequence with
-    its own generator (so a sequence's anchors do not depend on what else is in the
-    batch, or on which rank computes it). Anchor p needs context features 0..p-1 and
-    labels p+1..p+B-1. features=False: no features read (None; the step computes them)."""
+               bsz: int, features: bool = True, prompt_share: float = 0.0):
+    """Pad a few sequences and pick anchors (``pick_anchors``), each sequence with its own
+    generator (so a sequence's anchors do not depend on what else is in the batch, or on
+    which rank computes it). Anchor p needs context features 0..p-1 and labels
+    p+1..p+B-1: the text's tokens, or with prompt_share > 0 ``block_labels`` of the data's
+    greedy labels. features=False: no features read (None; the step computes them)."""
     seqs = [data.get(i, features) for i, _ in picks]
     t = max(len(tok) for tok, _, _ in seqs)
     tokens = torch.zeros(len(seqs), t, dtype=torch.long)
     feats = torch.zeros(len(seqs), t, seqs[0][1].shape[-1]) if features else None
+    greedy = torch.zeros(len(seqs), t, dtype=torch.long) if prompt_share else None
     anchor_rows = []
-    for r, ((tok, feat, plen), (_, rng)) in enumerate(zip(seqs, picks, strict=True)):
+    for r, ((tok, feat, plen), (i, rng)) in enumerate(zip(seqs, picks, strict=True)):
         tokens[r, : len(tok)] = tok
         if features:
             feats[r, : len(feat)] = feat
-        lo, hi = max(plen - 1, 0), len(tok) - bsz  # inclusive range of valid anchors
-        choice = rng.choice(np.arange(lo, hi + 1), size=anchors,
-                            replace=hi + 1 - lo < anchors)
-        anchor_rows.append(torch.from_numpy(np.sort(choice)))
+        if greedy is not None:
+            greedy[r, : len(tok) - 1] = data.greedy(i)
+        choice = pick_anchors(rng, plen, len(tok), anchors, bsz, prompt_share)
+        anchor_rows.append(torch.from_numpy(choice))
     anchor_t = torch.stack(anchor_rows).long()
+    if greedy is not None:
+        return tokens, feats, anchor_t, block_labels(tokens, greedy, anchor_t, bsz)
     labels = torch.stack([tokens.gather(1, anchor_t + i) for i in range(1, bsz)], -1)
     return tokens, feats, anchor_t, labels
 
 
-def step_batch(data: DistillSet, picks, anchors: int, bsz: int, target, d: Dist):
+def step_batch(data: DistillSet, picks, anchors: int, bsz: int, target, d: Dist,
+               prompt_share: float = 0.0):
     """make_batch on the device, features from the data or, given target, from it."""
     tokens, feats, anchor_t, labels = (None if x is None else x.to(d.device) for x in
-                                       make_batch(data, picks, anchors, bsz, target is None))
+                                       make_batch(data, picks, anchors, bsz, target is None,
+                                                  prompt_share))
     if target is not None:
         with d.on_device():
             feats = target_features(target, tokens)
@@ -88,13 +132,16 @@ def step_batch(data: DistillSet, picks, anchors: int, bsz: int, target, d: Dist)
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
     """logits [N,A,B-1,V], labels [N,A,B-1] (indices into V; -1 = a token the drafter
-    cannot score, outside its draft vocabulary: no loss, a miss) -> weighted CE,
-    per-position accuracy."""
-    ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none",
+    cannot score, outside its draft vocabulary: no loss, a miss; NO_LABEL: not counted
+    at all) -> weighted CE, per-position accuracy over the labelled blocks."""
+    labelled = labels != NO_LABEL
+    target = labels.masked_fill(~labelled, -1)
+    ce = F.cross_entropy(logits.flatten(0, 2).float(), target.flatten(), reduction="none",
                          ignore_index=-1)
-    ce = ce.view(labels.shape)
-    loss = (ce * weights).sum(-1).mean() / weights.sum()
-    acc = (logits.argmax(-1) == labels).float().mean((0, 1))
+    w = weights * labelled
+    loss = (ce.view(labels.shape) * weights).sum() / w.sum().clamp_min(1e-9)
+    hits = ((logits.argmax(-1) == labels) & labelled).float().sum((0, 1))
+    acc = hits / labelled.float().sum((0, 1)).clamp_min(1)
     return loss, acc
 
 
@@ -179,6 +226,10 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
     if target is None and not data.has_features:
         raise HyflashError("the data holds no cached features (generated for --features "
                            "recompute): rerun with --features recompute")
+    if spec.prompt_anchors and not data.has_greedy:
+        raise HyflashError("--prompt-anchors needs the target's greedy labels, which this data "
+                           "lacks (written by an older hyflash, or for --features recompute): "
+                           "rerun with --prompt-anchors 0, or regenerate the data")
     if target is not None:
         place_target(target, d, parallel)
     model, trained = wrap(drafter, d, parallel)
@@ -202,7 +253,7 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
     t0, ema = time.time(), None
     while step < spec.steps:
         tokens, feats, anchors, labels = step_batch(data, sampler.local(step), spec.anchors,
-                                                    bsz, target, d)
+                                                    bsz, target, d, spec.prompt_anchors)
         lr = lr_at(step, spec)
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"]

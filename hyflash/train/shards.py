@@ -2,7 +2,9 @@
 
 A shard is one ``shardNNNN.safetensors`` file: ``tokens`` (int32, the shard's sequences
 concatenated), ``features`` (float16 [rows, F], the target's tap features of every fed
-token; absent when the run recomputes them in the training step) and, in the header's
+token; absent when the run recomputes them in the training step), ``greedy`` (int32
+[rows], the target's argmax after every fed token, beside the features; absent in folders
+written before it existed) and, in the header's
 metadata, the offsets and prompt length of every sequence. It is written to a temp file
 and renamed, so a shard exists whole or not at all and an interrupted run resumes at the
 next missing one. safetensors because a reader can slice one sequence out of a shard
@@ -50,9 +52,10 @@ def offsets(lengths) -> list[int]:
 
 
 def write_shard(folder: Path, s: int, toks: list[np.ndarray], feats: list[np.ndarray] | None,
-                meta: list[dict]) -> Path:
-    """One shard: sequences' tokens, their features (None: not cached) and per-sequence
-    metadata ({"prompt_len", "sampled"}), atomically."""
+                meta: list[dict], greedy: list[np.ndarray] | None = None) -> Path:
+    """One shard: sequences' tokens, their features (None: not cached), the target's
+    greedy labels (as long as the features) and per-sequence metadata ({"prompt_len",
+    "sampled"}), atomically."""
     from safetensors.torch import save_file
 
     tensors = {"tokens": torch.from_numpy(np.concatenate(toks).astype(np.int32))}
@@ -61,6 +64,10 @@ def write_shard(folder: Path, s: int, toks: list[np.ndarray], feats: list[np.nda
     if feats is not None:
         tensors["features"] = torch.from_numpy(np.concatenate(feats).astype(np.float16))
         index["feature_offsets"] = offsets([len(f) for f in feats])
+    if greedy is not None:
+        if feats is None or [len(g) for g in greedy] != [len(f) for f in feats]:
+            raise ValueError("greedy labels must come with features of the same lengths")
+        tensors["greedy"] = torch.from_numpy(np.concatenate(greedy).astype(np.int32))
     out = shard_path(folder, s)
     tmp = out.with_suffix(".tmp")
     save_file(tensors, tmp, metadata={META_KEY: json.dumps(index)})
@@ -84,11 +91,12 @@ class Shard:
                 with safe_open(path, "pt") as f:
                     index = json.loads((f.metadata() or {})[META_KEY])
                     self.has_features = "features" in f.keys()
+                    self.has_greedy = "greedy" in f.keys()
         except Exception as e:  # truncated, foreign or hand-edited files fail in many ways
             raise HyflashError(f"data shard {path} is damaged ({type(e).__name__}): delete it "
                                "and rerun the command to regenerate it") from None
         if self.legacy:
-            self.has_features = True
+            self.has_features, self.has_greedy = True, False
         self.token_offsets = index["token_offsets"]
         self.feature_offsets = index.get("feature_offsets")
         self.meta = index["sequences"]
@@ -121,6 +129,12 @@ class Shard:
         n = self.token_offsets[i + 1] - self.token_offsets[i] - 1
         part = self._open()["features"][a:a + n]
         return torch.from_numpy(np.array(part, np.float32)) if self.legacy else part.float()
+
+    def greedy(self, i: int) -> torch.Tensor:
+        """[T-1] int64: the target's argmax after each fed token (aligned with features)."""
+        a = self.feature_offsets[i]
+        n = self.token_offsets[i + 1] - self.token_offsets[i] - 1
+        return self._open()["greedy"][a:a + n].long()
 
 
 def shard_files(folder: Path) -> dict[int, Path]:
@@ -185,6 +199,15 @@ class DistillSet:
             raise IndexError(f"sequence {i} is in shard {self.numbers[k]}, which this reader "
                              "does not own")
         return self.shards[k], i - self.starts[k]
+
+    @property
+    def has_greedy(self) -> bool:
+        return all(s.has_greedy for s, n in zip(self.shards, self.numbers, strict=True)
+                   if n in self.local)
+
+    def greedy(self, i: int) -> torch.Tensor:
+        shard, j = self._locate(i)
+        return shard.greedy(j)
 
     def get(self, i: int, features: bool = True):
         shard, j = self._locate(i)
