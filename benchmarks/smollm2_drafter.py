@@ -1,14 +1,18 @@
 """Build the SmolLM2-135M-Instruct HyFlash drafter the speed benchmarks use, by one command,
 across as many sessions as it takes.
 
-The recipe is fixed here (RECIPE). Its expensive part is the self-distillation data:
+The recipe is fixed here (DATA, TRAIN). Its expensive part is the self-distillation data:
 4096 greedy continuations of 128 tokens after code prompts of up to 512 tokens, about
 1.6M tokens through a 135M-parameter fp32 target on this CPU. A session of this machine
 ends before that and the next starts on a fresh disk, so the tokens travel in the
-repository (a few MB, ``benchmarks/distill/``); the features (GBs) are recomputed from
-them by ``hyflash train`` (one causal pass per batch, no decoding).
+repository (a few MB, ``benchmarks/distill/``); the features and greedy labels (GBs) are
+recomputed from them by ``hyflash train`` (one causal pass per batch, no decoding; about
+6 min per shard of 128 continuations and process here). ``--sequences N`` (a multiple of
+128) trains on the first N/128 of those shards, which are exactly the data of a run of N
+continuations (a shard depends only on the seed and its number).
 
     python benchmarks/smollm2_drafter.py              # restore tokens, generate/train, resume
+    python benchmarks/smollm2_drafter.py --sequences 1024 --steps 1000   # a smaller run
     python benchmarks/smollm2_drafter.py --data-only  # stop after the data
     python benchmarks/smollm2_drafter.py --save-tokens  # copy finished shards' tokens into
                                                         # benchmarks/distill/ (then commit)
@@ -31,8 +35,13 @@ from hyflash.models.gguf import cache_root
 
 HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
-RECIPE = ["--data", "stdlib", "--sequences", "4096", "--gen-len", "128", "--max-seq-len", "640",
-          "--data-batch", "32", "--draft-vocab", "8192", "--steps", "1500"]
+SEQUENCES, SHARD = 4096, 128  # the committed tokens: 32 shards of 128 continuations
+DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32"]
+TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5"]
+
+
+def recipe(sequences: int, steps: int) -> list[str]:
+    return [*DATA, "--sequences", str(sequences), *TRAIN, "--steps", str(steps)]
 
 
 def gguf() -> Path:
@@ -41,15 +50,15 @@ def gguf() -> Path:
     return Path(out)
 
 
-def folders(target: Path, work: Path) -> tuple[Path, Path]:
-    """(the data folder with cached features, the tokens-only folder) of RECIPE."""
+def folders(target: Path, work: Path, sequences: int) -> tuple[Path, Path]:
+    """(the data folder with cached features, the tokens-only folder) of the recipe."""
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.train import command
     from hyflash.train.corpus import corpus_digest, read_corpus
 
     p = argparse.ArgumentParser()
     command.add_arguments(p)
-    args = p.parse_args([*RECIPE, "--target", str(target), "--out", "unused"])
+    args = p.parse_args([*recipe(sequences, 1), "--target", str(target), "--out", "unused"])
     folder = resolve_model_folder(str(target))
     t = Target.from_pretrained(folder, max_seq_len=args.max_seq_len)
     spec = command.data_spec(args, t.cfg.max_seq_len)
@@ -77,17 +86,23 @@ def save_tokens(cached: Path, tokens_name: str) -> None:
     print(f"{n} shard(s) added; {dest} holds {have}/{total} shards of tokens")
 
 
-def restore_tokens(work: Path, tokens_name: str) -> None:
+def restore_tokens(work: Path, tokens_name: str, committed_name: str, sequences: int) -> None:
+    """The committed tokens -> this run's tokens-only folder: all of them, or for a
+    smaller run its first sequences/SHARD shards under that run's spec."""
     from hyflash.train.folders import claim_work
+    from hyflash.train.shards import shard_path
 
-    src = TOKENS / tokens_name
+    src = TOKENS / committed_name
     if not src.is_dir():
         return
     claim_work(work, Path("unused"))
     dest = work / tokens_name
     dest.mkdir(exist_ok=True)
-    for f in src.iterdir():
-        if not (dest / f.name).exists():
+    spec = json.loads((src / "spec.json").read_text())
+    (dest / "spec.json").write_text(json.dumps({**spec, "sequences": sequences}, indent=1))
+    for s in range(sequences // SHARD):
+        f = shard_path(src, s)
+        if f.exists() and not (dest / f.name).exists():
             shutil.copy(f, dest / f.name)
     print(f"tokens restored from {src} into {dest}")
 
@@ -103,16 +118,25 @@ def main() -> None:
                     help="copy the tokens of the finished shards into benchmarks/distill/")
     ap.add_argument("--nproc", type=int, default=1, help="processes (torchrun when > 1)")
     ap.add_argument("--threads", type=int, default=1, help="threads per process")
+    ap.add_argument("--sequences", type=int, default=SEQUENCES,
+                    help=f"continuations to train on: a multiple of {SHARD} up to {SEQUENCES} "
+                         "is restored from the committed tokens (default: all)")
+    ap.add_argument("--steps", type=int, default=1500, help="training steps")
     args = ap.parse_args()
+    if args.sequences % SHARD or not 0 < args.sequences <= SEQUENCES:
+        ap.error(f"--sequences must be a multiple of {SHARD} in {SHARD}..{SEQUENCES}, "
+                 f"not {args.sequences}")
 
     target = gguf()
-    cached, tokens = folders(target, args.work)
+    cached, tokens = folders(target, args.work, args.sequences)
     if args.save_tokens:
         save_tokens(cached, tokens.name)
         return
-    restore_tokens(args.work, tokens.name)
+    committed = folders(target, args.work, SEQUENCES)[1].name
+    restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
-           "--work", str(args.work), "--keep-work", "--threads", str(args.threads), *RECIPE]
+           "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
+           *recipe(args.sequences, args.steps)]
     if args.data_only:
         cmd.append("--data-only")
     if args.nproc > 1:
