@@ -86,6 +86,16 @@ def test_unlabelled_positions_count_neither_in_the_loss_nor_the_accuracy():
     assert float(loss_cut) < float(loss_both)  # the one wrong row is not in it any more
 
 
+def test_unlabelled_positions_stay_unlabelled_through_a_draft_vocabulary(target):
+    from hyflash.models.drafter import Drafter
+
+    drafter = Drafter.for_target(target, block_size=4, window=8, num_layers=1, num_heads=4,
+                                 draft_vocab=8)
+    drafter.draft_head.set_ids(torch.arange(10, 18))
+    labels = torch.tensor([[[12, loop.NO_LABEL, 3]]])
+    assert loop.head_labels(drafter, labels).tolist() == [[[2, loop.NO_LABEL, -1]]]
+
+
 def test_data_without_greedy_labels_is_refused_in_one_line(tmp_path, data, target):
     old = tmp_path / "old"
     old.mkdir()

@@ -130,6 +130,13 @@ def step_batch(data: DistillSet, picks, anchors: int, bsz: int, target, d: Dist,
     return tokens, feats, anchor_t, labels
 
 
+def head_labels(drafter: Drafter, labels: torch.Tensor) -> torch.Tensor:
+    """Token-id labels -> indices into the drafter's head output (``label_space``), with
+    NO_LABEL kept as it is (a draft vocabulary would otherwise read it as a token id)."""
+    none = labels == NO_LABEL
+    return drafter.label_space(labels.masked_fill(none, 0)).masked_fill(none, NO_LABEL)
+
+
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
     """logits [N,A,B-1,V], labels [N,A,B-1] (indices into V; -1 = a token the drafter
     cannot score, outside its draft vocabulary: no loss, a miss; NO_LABEL: not counted
@@ -181,7 +188,7 @@ def evaluate(drafter: Drafter, data: DistillSet, ids: list[int], spec: TrainSpec
         picks = [(i, np.random.default_rng([spec.seed, VAL_STREAM, i])) for i in batches[k]]
         tokens, feats, anchors, labels = step_batch(data, picks, spec.anchors, bsz, target, d)
         with d.on_device():
-            loss, acc = block_loss(drafter(tokens, feats, anchors), drafter.label_space(labels),
+            loss, acc = block_loss(drafter(tokens, feats, anchors), head_labels(drafter, labels),
                                    w)
         sums += torch.cat([loss[None], acc, torch.ones(1, device=acc.device)]).cpu() * len(picks)
     drafter.train()
@@ -258,7 +265,7 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"]
         with d.on_device():
-            loss, acc = block_loss(model(tokens, feats, anchors), drafter.label_space(labels),
+            loss, acc = block_loss(model(tokens, feats, anchors), head_labels(drafter, labels),
                                    w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
