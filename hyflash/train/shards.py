@@ -123,18 +123,21 @@ class Shard:
         part = self._open()["tokens"][a:b]
         return torch.from_numpy(np.array(part, np.int64)) if self.legacy else part.long()
 
-    def features(self, i: int) -> torch.Tensor:
-        """[T-1, F] float32: the last token was never fed, so it has none."""
+    def _fed_rows(self, name: str, i: int):
+        """Sequence i's rows of a per-fed-token array (features, greedy): T-1 of them, the
+        last token was never fed."""
         a = self.feature_offsets[i]
         n = self.token_offsets[i + 1] - self.token_offsets[i] - 1
-        part = self._open()["features"][a:a + n]
+        return self._open()[name][a:a + n]
+
+    def features(self, i: int) -> torch.Tensor:
+        """[T-1, F] float32."""
+        part = self._fed_rows("features", i)
         return torch.from_numpy(np.array(part, np.float32)) if self.legacy else part.float()
 
     def greedy(self, i: int) -> torch.Tensor:
         """[T-1] int64: the target's argmax after each fed token (aligned with features)."""
-        a = self.feature_offsets[i]
-        n = self.token_offsets[i + 1] - self.token_offsets[i] - 1
-        return self._open()["greedy"][a:a + n].long()
+        return self._fed_rows("greedy", i).long()
 
 
 def shard_files(folder: Path) -> dict[int, Path]:
