@@ -137,7 +137,7 @@ def test_command_choices_are_the_modules():
 class NoDecoding:
     """An engine that must not be asked: every shard's tokens exist already."""
 
-    def continue_batch(self, *args):
+    def continue_batch(self, *args, **kwargs):
         raise AssertionError("decoded although the tokens were there")
 
 

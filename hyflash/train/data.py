@@ -81,11 +81,12 @@ def prefill_chunk(target: Target, n: int, keys: int) -> int:
 
 @torch.inference_mode()
 def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: bool,
-                   temperature: float, gen: torch.Generator):
+                   temperature: float, gen: torch.Generator, features: bool = True):
     """prompts [N, L] -> tokens [N, L+gen_len] (int64), features [N, L+gen_len-1, F]
     (float16), greedy [N, L+gen_len-1] (int64: the target's argmax after each fed token;
     the drafter's labels in the prompt). The last token is generated but not fed back, so
-    it has no features.
+    it has no features. features=False (a run that recomputes them in the training step):
+    tokens only, (tokens, None, None), and the prefill computes last-position logits only.
 
     Where the time goes, and why it is spent this way: the whole batch is prefilled
     together, in chunks; the KV cache holds exactly the L+gen_len-1 positions this batch
@@ -98,16 +99,19 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
     target.setup_cache(n, max_len=fed)
     tokens = torch.empty(n, fed + 1, dtype=torch.long)
     tokens[:, :length] = prompts
-    feats = torch.empty(n, fed, target.cfg.feature_size, dtype=torch.float16)
-    greedy = torch.empty(n, fed, dtype=torch.long)
+    feats = greedy = None
+    if features:
+        feats = torch.empty(n, fed, target.cfg.feature_size, dtype=torch.float16)
+        greedy = torch.empty(n, fed, dtype=torch.long)
     chunk = prefill_chunk(target, n, fed)
     for a in range(0, length, chunk):
-        logits, f = target(prompts[:, a:a + chunk], a)
-        feats[:, a:a + f.shape[1]] = f
-        greedy[:, a:a + f.shape[1]] = logits.argmax(-1)
+        logits, f = target(prompts[:, a:a + chunk], a, last_logits=not features)
+        if features:
+            feats[:, a:a + f.shape[1]] = f
+            greedy[:, a:a + f.shape[1]] = logits.argmax(-1)
     for pos in range(length, fed + 1):
         last = logits[:, -1].float()
-        if pos > length:
+        if features and pos > length:
             greedy[:, pos - 1] = last.argmax(-1)
         if sample:
             probs = torch.softmax(last / temperature, -1)
@@ -118,7 +122,8 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
         tokens[:, pos] = nxt[:, 0]
         if pos < fed:
             logits, f = target(nxt, pos, last_logits=True)
-            feats[:, pos] = f[:, 0]
+            if features:
+                feats[:, pos] = f[:, 0]
     return tokens, feats, greedy
 
 
@@ -199,7 +204,7 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
             prompts = torch.from_numpy(np.stack([stream[a:a + length] for a in starts])).long()
             sample = bool(rng.random() < spec.sampled_fraction)
             t, f, g = engine.continue_batch(prompts, spec.gen_len, sample, spec.temperature,
-                                            gen)
+                                            gen, features=features)
             if features and f is None:  # the engine gives tokens only: one causal pass
                 f, g = features_and_greedy(target,
                                            t[:, :-1].to(target.embed_tokens.weight.device))

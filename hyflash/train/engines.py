@@ -5,7 +5,8 @@ Every engine continues a batch of token-id prompts [N, L] by exactly ``gen_len``
 generator) and returns tokens [N, L + gen_len], plus the target's features and greedy
 labels (its argmax after every fed token) if it computes them on the way; when it does not
 and the run caches features, ``data.generate_dataset`` computes both afterwards with one
-causal pass of hyflash's target per batch.
+causal pass of hyflash's target per batch. ``features=False`` tells an engine the run
+does not cache them (it then need not compute them).
 
 - ``hyflash`` (default): hyflash's own ``Target`` (``data.continue_batch``): chunked
   prefill, a KV cache sized to the batch, features for free; measured fast on CPU
@@ -53,11 +54,12 @@ class HyflashEngine:
     def __init__(self, target):
         self.target = target
 
-    def continue_batch(self, prompts, gen_len, sample, temperature, gen):
+    def continue_batch(self, prompts, gen_len, sample, temperature, gen, features=True):
         from hyflash.train.data import continue_batch
 
         prompts = prompts.to(self.target.embed_tokens.weight.device)
-        return continue_batch(self.target, prompts, gen_len, sample, temperature, gen)
+        return continue_batch(self.target, prompts, gen_len, sample, temperature, gen,
+                              features)
 
 
 class TransformersEngine:
@@ -71,7 +73,7 @@ class TransformersEngine:
         self.device = device
 
     @torch.inference_mode()
-    def continue_batch(self, prompts, gen_len, sample, temperature, gen):
+    def continue_batch(self, prompts, gen_len, sample, temperature, gen, features=True):
         from transformers import GenerationConfig
 
         # exactly gen_len tokens (EOS suppressed until then), from the full distribution
@@ -109,7 +111,7 @@ class VllmEngine:
                   for s in seeds(gen, len(inputs))]
         return inputs, params
 
-    def continue_batch(self, prompts, gen_len, sample, temperature, gen):
+    def continue_batch(self, prompts, gen_len, sample, temperature, gen, features=True):
         inputs, params = self.requests(prompts, gen_len, sample, temperature, gen)
         outputs = self.llm.generate(inputs, params, use_tqdm=False)  # in request order
         rows = [list(o.outputs[0].token_ids) for o in outputs]
