@@ -142,6 +142,59 @@ def test_interrupted_training_resumes_exactly(distilled, tmp_path, monkeypatch):
         loop.train(wider, data, spec, tmp_path / "b", progress=False)
 
 
+def test_validation_during_a_run_logs_and_keeps_the_best_weights(distilled, tmp_path,
+                                                                 monkeypatch):
+    """Every eval_every steps a val.jsonl line; keep="best" ends with the weights of the
+    best line, not the last ones; a run resumed from its checkpoint drops the lines
+    written after it and ends with the same weights."""
+    target, data = distilled
+    spec = loop.TrainSpec(steps=12, batch=2, anchors=4, lr=3e-2, warmup=2, checkpoint_every=4,
+                          eval_every=2, keep="best")
+    real = loop.evaluate
+    taus = []
+
+    def scripted(*a, **k):  # validation's expected tau, as told: best at step 4
+        return {**real(*a, **k), "val_expected_tau": taus.pop(0)}
+
+    monkeypatch.setattr(loop, "evaluate", scripted)
+    script = [1.2, 1.5, 1.4, 1.3, 1.1, 1.0, 0.0]  # steps 2..12, then the final evaluation
+    taus[:] = script
+    best = small_drafter(target)
+    report = loop.train(best, data, spec, tmp_path / "best", progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "best" / "val.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6, 8, 10, 12]
+    assert [r["best"] for r in rows] == [True, True, False, False, False, False]
+    assert report["best_step"] == 4 and report["kept"] == "best (step 4 of 12)"
+    assert [p.name for p in (tmp_path / "best").glob("best-*")] == ["best-000004.safetensors"]
+
+    taus[:] = script
+    last = small_drafter(target)
+    loop.train(last, data, loop.TrainSpec(**{**spec.__dict__, "keep": "last"}), tmp_path / "last",
+               progress=False)
+    assert any(not torch.equal(v, last.trainable_state()[k])
+               for k, v in best.trainable_state().items())
+
+    real_save = loop.save_checkpoint
+
+    def crash_at_step_12(path, state):  # after step 12's validation, before its checkpoint
+        if state["step"] == 12:
+            raise KeyboardInterrupt
+        real_save(path, state)
+
+    taus[:] = script
+    monkeypatch.setattr(loop, "save_checkpoint", crash_at_step_12)
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(small_drafter(target), data, spec, tmp_path / "crash", progress=False)
+    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    taus[:] = script[4:]  # the resumed run validates steps 10 and 12 again
+    again = small_drafter(target)
+    loop.train(again, data, spec, tmp_path / "crash", progress=False)
+    lines = (tmp_path / "crash" / "val.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [2, 4, 6, 8, 10, 12]
+    for k, v in best.trainable_state().items():
+        torch.testing.assert_close(again.trainable_state()[k], v, msg=k)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     f = tmp_path_factory.mktemp("corpus") / "words.txt"
@@ -408,6 +461,7 @@ def test_train_threads_are_capped_at_the_cores(capsys):
     (["--block-size", "40"], "block size 40 must be in 2..32"),
     (["--sequences", "1"], "too few examples"),
     (["--gen-len", "60"], "leaves no room for prompts"),
+    (["--keep", "best"], "--keep best needs validations during the run"),
 ])
 def test_train_command_bad_input_is_one_line(model_folder, corpus, tmp_path, capsys, extra,
                                              message):

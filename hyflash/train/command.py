@@ -33,6 +33,7 @@ MEMORY_KINDS = ("prefix-slots", "decayed-linear", "recall", "none")
 ENGINES = ("hyflash", "transformers", "vllm")
 FEATURE_MODES = ("auto", "cache", "recompute")
 PARALLEL = ("ddp", "fsdp")
+KEEP = ("last", "best")  # loop.KEEP
 
 
 def run_suffix(spec) -> str:
@@ -118,6 +119,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "biases (a few scalars per layer)")
     g.add_argument("--checkpoint-every", type=positive_int, default=100,
                    help="steps between checkpoints (a rerun resumes from the last one)")
+    g.add_argument("--eval-every", type=nonneg_int, default=0,
+                   help="steps between validations of the held-out 5%% of the data, each a "
+                        "line of val.jsonl in the run folder (loss, accuracy by position, "
+                        "expected tau); 0 (default): validate once, at the end")
+    g.add_argument("--keep", choices=KEEP, default=KEEP[0],
+                   help="the drafter written: the run's last weights (default) or the best "
+                        "validated ones (needs --eval-every; for a run that overfits)")
     g.add_argument("--seed", type=nonneg_int, default=0,
                    help="seeds the drafter's initial weights, the prompts and the batches")
     g.add_argument("--threads", type=threads, default=None,
@@ -173,6 +181,11 @@ def run_on(args: argparse.Namespace, d) -> int:
     if args.parallel and not d.group:
         raise HyflashError(f"--parallel {args.parallel} applies under torchrun only: launch "
                            "with `torchrun --nproc_per_node N -m hyflash train ...`, or drop it")
+    train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
+                           lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed,
+                           checkpoint_every=args.checkpoint_every,
+                           prompt_anchors=args.prompt_anchors, eval_every=args.eval_every,
+                           keep=args.keep)  # checked before hours of data generation
     work = args.work or args.out.with_name(args.out.name + ".work")
     check_out(args.out)
     check_work(work, args.out)
@@ -222,10 +235,6 @@ def run_on(args: argparse.Namespace, d) -> int:
         drafter.draft_head.set_ids(rank_counts(d.sum(torch.from_numpy(gen)).numpy(),
                                                d.sum(torch.from_numpy(prompt)).numpy(),
                                                args.draft_vocab))
-    train_spec = TrainSpec(steps=args.steps, batch=args.batch, anchors=args.anchors,
-                           lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed,
-                           checkpoint_every=args.checkpoint_every,
-                           prompt_anchors=args.prompt_anchors)
     run_name = f"train-{args.arch}" + (f"-dv{args.draft_vocab}" if args.draft_vocab else "")
     run_name += run_suffix(train_spec)
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:

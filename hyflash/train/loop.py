@@ -35,6 +35,9 @@ from hyflash.train.features import target_features
 from hyflash.train.lanes import Sampler, rank_shards
 from hyflash.train.scaffold import save_checkpoint, warmup_cosine
 from hyflash.train.shards import DistillSet
+from hyflash.train.validation import Validation
+
+KEEP = ("last", "best")
 
 
 @dataclass
@@ -49,8 +52,17 @@ class TrainSpec:
     gamma: float = 4.0
     prompt_anchors: float = 0.0  # share of a sequence's anchors placed in its prompt
     checkpoint_every: int = 100
+    eval_every: int = 0  # steps between validations (0: only at the end); see Validation
+    keep: str = "last"  # the drafter a run ends with: its "last" weights, or the "best" validated
     val_fraction: float = 0.05
     seed: int = 0
+
+    def __post_init__(self):
+        if self.keep not in KEEP:
+            raise HyflashError(f"keep {self.keep!r}: choose {' or '.join(KEEP)}")
+        if self.keep == "best" and not self.eval_every:
+            raise HyflashError("--keep best needs validations during the run: add "
+                               "--eval-every N")
 
 
 def position_weights(bsz: int, gamma: float) -> torch.Tensor:
@@ -254,6 +266,9 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         checkpoints.load(model, opt, work, meta, d)
         step, last_loss = meta["step"], meta.get("loss")
     log = StepLog(work / "log.jsonl", step, d.main)
+    val = Validation(work, step, d.main)
+    own_val = [i for i in val_ids if data.owns(i)]
+    last_val = None
     trained.train()
     bar = tqdm(total=spec.steps, initial=step, desc=f"train {drafter.cfg.arch}",
                disable=not (progress and d.main), dynamic_ncols=True)
@@ -276,8 +291,13 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         log.write(step, mean_loss, lr)
         ema = acc.cpu() if ema is None else 0.95 * ema + 0.05 * acc.cpu()
         bar.update(1)
-        bar.set_postfix(loss=f"{mean_loss:.3f}",
-                        acc="/".join(f"{x:.2f}" for x in ema[:4].tolist()))
+        if spec.eval_every and (step % spec.eval_every == 0 or step == spec.steps):
+            last_val = validate(model, trained, drafter, data, own_val, spec, d, target, val,
+                                step)
+        post = {"loss": f"{mean_loss:.3f}", "acc": "/".join(f"{x:.2f}" for x in ema[:4].tolist())}
+        if last_val is not None:
+            post["val_tau"] = f"{last_val['val_expected_tau']:.2f}"
+        bar.set_postfix(post)
         if step % spec.checkpoint_every == 0 or step == spec.steps:
             checkpoints.save(model, opt, work, {"step": step, "loss": last_loss, "run": run}, d,
                              save_checkpoint)
@@ -286,9 +306,29 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
     unwrap(model, drafter, d)
     report = {"train_spec": asdict(spec), "train_seconds_last_run": round(time.time() - t0, 1),
               "final_train_loss": last_loss, "world_size": d.world}
-    report.update(evaluate(drafter, data, [i for i in val_ids if data.owns(i)], spec, d,
-                           target))
+    if val.best:
+        report["validations"] = [{k: r[k] for k in ("step", "val_loss", "val_expected_tau")}
+                                 for r in val.rows] if d.main else []
+        report["best_step"] = val.best[1]
+        if spec.keep == "best":
+            d.barrier()
+            drafter.load_state_dict(val.best_weights(), strict=False)
+            report["kept"] = f"best (step {val.best[1]} of {spec.steps})"
+    report.update(evaluate(drafter, data, own_val, spec, d, target))
     return report
+
+
+def validate(model, trained, drafter: Drafter, data: DistillSet, ids: list[int],
+             spec: TrainSpec, d: Dist, target, val: Validation, step: int) -> dict:
+    """Collective: score the validation sequences with the weights of this step, log them
+    and keep them if they are the best so far (``validation.py``)."""
+    result = evaluate(trained, data, ids, spec, d, target)
+    weights = None
+    if val.better(result["val_expected_tau"]):
+        unwrap(model, drafter, d)  # FSDP: gather the whole weights into drafter
+        weights = drafter.trainable_state()
+    val.record(step, result, weights)
+    return result
 
 
 class StepLog:
@@ -320,10 +360,14 @@ class StepLog:
             self.file.close()
 
 
+# settings that never change the weights a step computes: a run resumes under other values
+AFTERMATH = ("checkpoint_every", "eval_every", "keep")
+
+
 def run_settings(drafter: Drafter, spec: TrainSpec) -> dict:
     """What a checkpoint must agree with to be resumed: the drafter's config and every
-    training setting (checkpoint_every aside)."""
-    train = {k: v for k, v in asdict(spec).items() if k != "checkpoint_every"}
+    training setting (``AFTERMATH`` aside)."""
+    train = {k: v for k, v in asdict(spec).items() if k not in AFTERMATH}
     return {"drafter": drafter.cfg.to_dict(), "train": train}
 
 
