@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from runtime_drafters import (
     BrokenDrafter,
+    ContractDrafter,
     OracleDrafter,
     RandomDrafter,
     Stopwatch,
@@ -24,6 +25,7 @@ from runtime_drafters import (
 
 from hyflash.errors import HyflashError
 from hyflash.runtime import Sampling, SpeculativeEngine, TorchTarget, format_stats
+from hyflash.runtime.lookup import ContextLookup
 
 V, L = 61, 32
 TARGET = tiny_target(vocab=V, max_seq_len=L)
@@ -101,6 +103,59 @@ def test_greedy_output_is_the_targets_own_greedy_decode(prompt, max_new, block, 
         assert s.position_accepted == s.position_proposed
     if kind in ("wrong", "none"):
         assert s.accepted_drafts == 0
+
+
+class PathDrafter(ContractDrafter):
+    """Proposes the target's greedy path after pos (oracle), or that +1 (wrong): it reads
+    the path, not its own history, since rounds drafted by the lookup skip it."""
+
+    def __init__(self, prompt, block, kind):
+        self.path = prompt + plain_greedy(REFERENCE, prompt, L - len(prompt))
+        self.shift = int(kind == "wrong")
+        super().__init__(V, F, block)
+
+    def propose(self, anchor, pos):
+        assert self.path[pos] == anchor
+        drafts = self.path[pos + 1:pos + self.block_size] + [0] * self.block_size
+        return one_hot_logits([(t + self.shift) % V for t in drafts[:self.block_size - 1]], V)
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompt=st.lists(st.integers(0, 5), min_size=1, max_size=12),
+       max_new=st.integers(1, 30), block=st.integers(2, 5),
+       kind=st.sampled_from(["oracle", "wrong", "random", "none"]),
+       ngrams=st.sampled_from([(1, 1), (3, 1), (4, 2)]), seed=st.integers(0, 1000))
+def test_greedy_output_with_context_lookup_is_the_targets_own(prompt, max_new, block, kind,
+                                                              ngrams, seed):
+    """Copied drafts (a small alphabet: the prompt repeats itself) verify like any other,
+    and rounds without a drafter call still commit every verified feature."""
+    drafter = PathDrafter(prompt, block, kind) if kind in ("oracle", "wrong") else \
+        make_drafter(kind, block, prompt, seed)
+    engine = SpeculativeEngine(BACKEND, drafter, ContextLookup(*ngrams, block_size=block))
+    out = engine.generate(prompt, max_new_tokens=max_new)
+    want, reason = expected(prompt, max_new)
+    assert out.tokens == want and out.stats.stop_reason == reason
+    s = out.stats
+    assert s.drafter_calls + s.lookup_rounds <= s.rounds
+    if drafter is not None:
+        check_only_verified_features_reached(drafter, prompt, out)
+
+
+def test_context_lookup_copies_a_repeating_continuation():
+    """The tiny target's greedy continuation repeats: the lookup drafts most rounds, and
+    copies accepted drafts, so tau is above 1 with no drafter at all."""
+    prompt = [3, 1, 4, 1, 5]
+    out = SpeculativeEngine(BACKEND, None, ContextLookup(3, 1, block_size=4)).generate(
+        prompt, max_new_tokens=20)
+    assert out.tokens == expected(prompt, 20)[0]
+    assert out.stats.lookup_rounds > 0 and out.stats.block_size == 4
+    assert out.stats.drafter_calls == 0
+    assert out.stats.tau > 1
+
+
+def test_lookup_and_drafter_must_share_the_block_size():
+    with pytest.raises(HyflashError, match="lookup block size 4 != drafter block size 3"):
+        SpeculativeEngine(BACKEND, RandomDrafter(V, F, 3), ContextLookup(block_size=4))
 
 
 # ------------------------------------------------------------------ tau, acceptance

@@ -19,6 +19,7 @@ from hyflash.models.target import Target
 from hyflash.models.tokenizer import load_tokenizer
 from hyflash.runtime import Sampling, SpeculativeEngine, TorchTarget
 from hyflash.runtime.drafter_backend import load_torch_drafter
+from hyflash.runtime.lookup import ContextLookup
 from hyflash.runtime.onnx_backend import load_onnx_pair
 from hyflash.runtime.sampling import distribution_rows, sample
 from hyflash.runtime.verify import verify_greedy, verify_sampled
@@ -203,6 +204,23 @@ def test_first_generated_tokens_follow_the_target_distribution(scenario):
     counts = engine_counts(SpeculativeEngine(TorchTarget(TARGET), make()), PROMPT, runs,
                            sampling)
     assert min(pvalues(counts, exact_joint(uncached(TARGET), PROMPT, sampling))) > ALPHA
+
+
+@pytest.mark.parametrize("prompt,with_drafter", [
+    ([0, 1, 2, 3, 4, 5, 6, 7], False),  # every first token was seen: always a copy
+    ([1, 2, 3, 1], True),  # copies when the token was seen, the drafter otherwise
+])
+def test_drafts_copied_from_the_context_keep_the_target_distribution(prompt, with_drafter):
+    sampling = dict(temperature=1.0, top_k=0, top_p=1.0)
+    engine = SpeculativeEngine(TorchTarget(TARGET),
+                               RandomDrafter(V, F, 3, seed=1) if with_drafter else None,
+                               ContextLookup(2, 1, block_size=3))
+    counts = engine_counts(engine, prompt, RUNS, sampling)
+    stats = [engine.generate(prompt, max_new_tokens=3, seed=s, **sampling).stats
+             for s in range(30)]
+    assert any(s.lookup_rounds for s in stats)  # both ways of drafting were tested
+    assert any(s.drafter_calls for s in stats) == with_drafter
+    assert min(pvalues(counts, exact_joint(uncached(TARGET), prompt, sampling))) > ALPHA
 
 
 def test_end_to_end_test_rejects_sampling_from_the_drafter():

@@ -1,10 +1,10 @@
 """What `hyflash bench` runs side by side: a system is one configuration of one runtime.
 
 A ``System`` says how to run it (``kind``: which worker; ``request``: what the worker
-reads; ``python``: the interpreter, another venv's for onnxruntime-genai) and how to read
-its modes (``plain``, ``speculative``, ``lookup``). A ``Skipped`` is a configuration that
-could not run here, with the reason: the report lists it, so no peer is ever dropped
-silently.
+reads; ``python``: the interpreter, another venv's for onnxruntime-genai) and how to
+read its modes (``plain``, ``speculative``, ``lookup``, ``speculative+lookup``). A
+``Skipped`` is a configuration that could not run here, with the reason: the report lists
+it, so no peer is ever dropped silently.
 """
 
 from __future__ import annotations
@@ -31,4 +31,4 @@ class Skipped:
 
 
 # a mode's row claims identical output to this mode of the same system (lossless pairs)
-LOSSLESS_PAIRS = {"speculative": "plain", "lookup": "plain"}
+LOSSLESS_PAIRS = {"speculative": "plain", "lookup": "plain", "speculative+lookup": "plain"}

@@ -9,8 +9,10 @@ the threads. EOS never stops a run, so every system decodes the same number of t
 Timing is the same for every system: the wall time of the whole generate call, prefill
 included; tokens/s = new tokens / that. One warm-up generate (8 tokens) per mode first.
 
-Systems: ``ours`` (a bundle through our engine: plain, then speculative, same process and
-target: the lossless pair), ``transformers`` (``generate``, plain and with
+Systems: ``ours`` (a bundle through our engine: plain, speculative with the drafter, lookup
+(drafts copied from the context, ``runtime/lookup.py``) and speculative+lookup (copies
+where the context has a match, the drafter elsewhere), same process and target: each
+checked against plain), ``transformers`` (``generate``, plain and with
 ``prompt_lookup_num_tokens``, same model and process), ``optimum``
 (``ORTModelForCausalLM.generate``).
 """
@@ -36,12 +38,17 @@ def run_ours(req: dict) -> dict:
 
     from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.engine import SpeculativeEngine
+    from hyflash.runtime.lookup import ContextLookup
 
     torch.set_num_threads(req["threads"])
     _, target, drafter = open_bundle(req["folder"], threads=req["threads"])
+    B = drafter.block_size
     out = {}
     for mode, engine in (("plain", SpeculativeEngine(target)),
-                         ("speculative", SpeculativeEngine(target, drafter))):
+                         ("speculative", SpeculativeEngine(target, drafter)),
+                         ("lookup", SpeculativeEngine(target, None, ContextLookup(block_size=B))),
+                         ("speculative+lookup",
+                          SpeculativeEngine(target, drafter, ContextLookup(block_size=B)))):
         engine.generate(req["prompts"][0], max_new_tokens=WARMUP_TOKENS)
         gens, stats = [], []
         for ids in req["prompts"]:

@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "Core ML (macOS), as the phone would")
     src.add_argument("--no-draft", action="store_true",
                      help="plain autoregressive decoding through the same engine (baseline)")
+    p.add_argument("--lookup", action="store_true",
+                   help="draft by copying from the context where its last tokens occurred "
+                        "before, with the drafter elsewhere (lossless; runtime/lookup.py)")
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 = greedy (default)")
@@ -96,7 +99,13 @@ def open_engine(args: argparse.Namespace):
         eos = set(model.cfg.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    engine = SpeculativeEngine(target, None if args.no_draft else drafter)
+    drafter = None if args.no_draft else drafter
+    lookup = None
+    if args.lookup:
+        from hyflash.runtime.lookup import ContextLookup
+
+        lookup = ContextLookup(block_size=drafter.block_size if drafter else 8)
+    engine = SpeculativeEngine(target, drafter, lookup)
     return engine, tokenizer, sorted(eos)
 
 

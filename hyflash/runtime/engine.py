@@ -36,6 +36,7 @@ import torch
 
 from hyflash.errors import HyflashError
 from hyflash.runtime.backends import DrafterBackend, TargetBackend
+from hyflash.runtime.lookup import ContextLookup
 from hyflash.runtime.sampling import Sampling, distribution_rows, sample
 from hyflash.runtime.stats import GenerationStats, peak_rss_mib
 from hyflash.runtime.verify import verify_greedy, verify_sampled
@@ -49,18 +50,28 @@ class Generation:
 
 
 class SpeculativeEngine:
-    """Runs one sequence at a time (batch 1) on a target and, optionally, a drafter."""
+    """Runs one sequence at a time (batch 1) on a target and, optionally, a drafter and
+    a context lookup (``lookup.py``): a round drafts by copying from the context when the
+    lookup finds the last tokens earlier in it, and asks the drafter otherwise."""
 
-    def __init__(self, target: TargetBackend, drafter: DrafterBackend | None = None):
+    def __init__(self, target: TargetBackend, drafter: DrafterBackend | None = None,
+                 lookup: ContextLookup | None = None):
         if drafter is not None:
             check_pair(target, drafter)
+            if lookup is not None and lookup.block_size != drafter.block_size:
+                raise HyflashError(f"lookup block size {lookup.block_size} != drafter block "
+                                   f"size {drafter.block_size}: one verify pass serves both")
         self.target = target
         self.drafter = drafter
+        self.lookup = lookup
 
     @property
     def block_size(self) -> int:
-        """Tokens per verify pass at most: anchor + B-1 drafts (1 without a drafter)."""
-        return self.drafter.block_size if self.drafter is not None else 1
+        """Tokens per verify pass at most: anchor + B-1 drafts (1 with neither a drafter
+        nor a lookup)."""
+        if self.drafter is not None:
+            return self.drafter.block_size
+        return self.lookup.block_size if self.lookup is not None else 1
 
     # ------------------------------------------------------------------ public API
 
@@ -134,16 +145,25 @@ class SpeculativeEngine:
                 drafter.commit(features)
         first = self._pick(logits[-1:], sampling, generator)
         _, reason = emit([first])
+        if self.lookup is not None:
+            self.lookup.reset(tokens)
         yield from clock.paused([first])
 
         while reason is None:
             pos, anchor = len(tokens) - 1, tokens[-1]
             r = min(B - 1, target.max_seq_len - len(tokens) - 1)  # drafts that still fit
 
-            # draft
+            # draft: copied from the context if the lookup finds a match, else the drafter's
             q = None
             drafts = torch.empty(0, dtype=torch.long)
-            if r > 0:
+            copied = self.lookup.propose(r) if self.lookup is not None and r > 0 else []
+            if copied:
+                stats.lookup_rounds += 1
+                drafts = torch.tensor(copied)
+                if not sampling.greedy:  # a copy is a draft from a point mass
+                    q = torch.zeros(len(copied), target.vocab_size).scatter_(
+                        1, drafts[:, None], 1.0)
+            elif r > 0 and drafter is not None:
                 with clock("draft_s"):
                     draft_logits = self._check_draft(drafter.draft(anchor, pos))[:r]
                 stats.drafter_calls += 1
@@ -167,6 +187,8 @@ class SpeculativeEngine:
                 stats.position_proposed[i] += 1
                 stats.position_accepted[i] += int(i < k)
             n, reason = emit(drafts[:k].tolist() + [bonus])
+            if self.lookup is not None:
+                self.lookup.extend(new[-n:])
 
             # commit the verified features (anchor + accepted drafts that were emitted)
             if drafter is not None:

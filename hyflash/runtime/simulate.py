@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cores are capped)")
     p.add_argument("--out", metavar="REPORT_DIR",
                    help="also write report.json, report.txt and report.png here")
+    p.add_argument("--lookup", action="store_true",
+                   help="draft by copying from the context where its last tokens occurred "
+                        "before (prompt lookup), with the drafter where they did not; still "
+                        "lossless (runtime/lookup.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--device", metavar="NAME",
                    help="also project phone decode speed and memory on this device profile "
@@ -122,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from hyflash.models.tokenizer import load_tokenizer
     from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.engine import SpeculativeEngine
+    from hyflash.runtime.lookup import ContextLookup
     from hyflash.runtime.simulate_report import Report
 
     check_args(args)
@@ -145,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                                "small for the built-in prompts: pass --prompts FILE")
     for i, p in enumerate(ids):
         check_prompt(p, i, target.max_seq_len, room)
-    plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter)
+    lookup = ContextLookup(block_size=drafter.block_size) if args.lookup else None
+    plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter, lookup)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
               seed=args.seed, eos_ids=sorted(eos))
     # warm-up: the first ONNX Runtime calls allocate and plan; keep them out of the numbers

@@ -27,6 +27,9 @@ class GenerationStats:
     -inf), or came after one in the same block: the engine proposed nothing there, and
     the acceptance rates count them as proposed and rejected, so a broken drafter shows.
 
+    ``lookup_rounds`` counts the rounds whose drafts the context lookup copied (no
+    drafter call); the drafter's commits still run in them, inside ``draft_s``.
+
     Times are wall-clock seconds; time a streaming consumer spends between tokens is not
     counted. ``overhead_s`` is everything that is neither the prefill, the drafter, nor
     a target verify pass: verification arithmetic, sampling, bookkeeping.
@@ -38,6 +41,7 @@ class GenerationStats:
     rounds: int = 0              # verify calls
     target_calls: int = 0        # prefill + verify calls
     drafter_calls: int = 0       # draft calls (commits are counted in draft_s, not here)
+    lookup_rounds: int = 0       # rounds whose drafts were copied from the context
     accepted_drafts: int = 0
     dropped_draft_rows: int = 0  # rows of a broken drafter, never verified (see above)
     position_proposed: list[int] = field(default_factory=list)
@@ -101,6 +105,8 @@ def format_stats(s: GenerationStats) -> str:
         ("target calls", f"{s.target_calls} (1 prefill + {s.rounds} {step})"
          if s.target_calls else "0"),
         ("drafter calls", s.drafter_calls),
+        *([("rounds drafted by lookup", f"{s.lookup_rounds} of {s.rounds}")]
+          if s.lookup_rounds else []),
         ("prefill", pct(s.prefill_s)),
         ("drafting", pct(s.draft_s)),
         (phase, pct(s.verify_s)),
