@@ -176,3 +176,17 @@ def test_the_pocket_model_written_as_gguf_reads_back_to_its_own_logits(tmp_path,
     assert out.stat().st_size > 20e6 and not (tmp_path / "pocket.tmp").exists()
     with pytest.raises(HyflashError, match="only a byte-level BPE tokenizer is written"):
         write_llama_gguf(model_folder, tmp_path / "tiny.gguf")
+
+
+def test_the_peer_goal_is_not_met_when_peers_did_not_run():
+    from hyflash.bench.report import goals
+
+    rows = [{"group": "ours", "system": "ours", "mode": "lookup", "tokens_per_s": 80.0},
+            {"group": "peer", "system": "optimum", "mode": "plain", "tokens_per_s": 30.0}]
+    result = {"suite": "smollm2", "dry_run": False, "speed": {"rows": rows, "skipped": []}}
+    assert goals(result)[0]["met"] is True
+    result["speed"]["skipped"] = [{"label": "onnxruntime-genai int4", "group": "peer",
+                                   "reason": "no venv"}]
+    goal = goals(result)[0]
+    assert goal["met"] is None and "onnxruntime-genai int4" in goal["text"]
+    assert goal["text"].startswith("Met against the peers that ran only")

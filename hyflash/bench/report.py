@@ -55,16 +55,22 @@ def goals(result: dict) -> list[dict]:
                    default=None)
         model = "SmolLM2-135M" if result["suite"] == "smollm2" else \
             "this model (the goal is stated for SmolLM2-135M)"
+        missing = [s["label"] for s in speed.get("skipped", []) if s["group"] == "peer"]
         if ours and peer:
             x = ours["tokens_per_s"] / peer["tokens_per_s"]
             verdict = ("Dry run, no verdict (untrained drafter)" if result["dry_run"] else
                        "Met" if x >= 2 else "Missed")
+            if missing and x >= 2 and not result["dry_run"]:
+                verdict = "Met against the peers that ran only"
+            caveat = (f" Peers that did not run here, so are not in the comparison: "
+                      f"{', '.join(missing)}." if missing else "")
             out.append({"goal": "our fastest configuration >= 2x the best peer's tokens/s",
-                        "met": None if result["dry_run"] else x >= 2, "text": (
+                        "met": None if result["dry_run"] or (missing and x >= 2) else x >= 2,
+                        "text": (
                             f"{verdict} on {model}: our fastest, "
                             f"{ours['system']} ({ours['mode']}), {ours['tokens_per_s']:.1f} tok/s "
                             f"is {x:.2f}x the best peer, {peer['system']} ({peer['mode']}), "
-                            f"{peer['tokens_per_s']:.1f} tok/s.")})
+                            f"{peer['tokens_per_s']:.1f} tok/s.{caveat}")})
         else:
             out.append({"goal": "our fastest configuration >= 2x the best peer's tokens/s",
                         "met": None, "text": "Not judged: no peer ran in this suite."})
