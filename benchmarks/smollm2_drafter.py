@@ -37,7 +37,8 @@ HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
 SEQUENCES, SHARD = 4096, 128  # the committed tokens: 32 shards of 128 continuations
 DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32"]
-TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5"]
+TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
+         "--eval-every", "100"]  # val.jsonl: does the full data still overfit?
 
 
 def recipe(sequences: int, steps: int) -> list[str]:
