@@ -47,6 +47,19 @@ def test_generate_no_draft_streams_the_targets_greedy_text_and_prints_stats(mode
     assert f"{len(want)} (1 prefill + {len(want) - 1} decode)" in out and "verifying" not in out
 
 
+def test_generate_with_lookup_only_writes_the_same_text_and_says_how_it_drafted(
+        model_folder, capsys):
+    prompt = "w3 w14 w3 w14 w3 w14 w3"  # repeats: the lookup finds matches
+    argv = ["generate", "--target", str(model_folder), "--prompt", prompt, "--no-draft",
+            "--max-new-tokens", "12"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main([*argv, "--lookup"]) == 0
+    looked = capsys.readouterr().out
+    assert looked.split("\n")[0] == plain.split("\n")[0]  # the same streamed text
+    assert "rounds drafted by lookup" in looked and "block size" in looked
+
+
 def test_generate_samples_reproducibly(model_folder, capsys):
     argv = ["generate", "--target", str(model_folder), "--prompt", "w1 w2", "--no-draft",
             "--temperature", "1.0", "--top-k", "10", "--top-p", "0.9", "--seed", "3"]
