@@ -36,7 +36,8 @@ from hyflash.models.gguf import cache_root
 HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
 SEQUENCES, SHARD = 4096, 128  # the committed tokens: 32 shards of 128 continuations
-DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32"]
+DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32",
+        "--feature-precision", "bfloat16"]  # features 3x faster (AMX), within ~1%
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
          "--eval-every", "100"]  # val.jsonl: does the full data still overfit?
 
@@ -64,7 +65,8 @@ def folders(target: Path, work: Path, sequences: int) -> tuple[Path, Path]:
     t = Target.from_pretrained(folder, max_seq_len=args.max_seq_len)
     spec = command.data_spec(args, t.cfg.max_seq_len)
     corpus = corpus_digest(read_corpus(args.data))
-    return command.folder_names(work, spec, folder, t, corpus, args.engine)
+    return command.folder_names(work, spec, folder, t, corpus, args.engine,
+                                args.feature_precision)
 
 
 def save_tokens(cached: Path, tokens_name: str) -> None:

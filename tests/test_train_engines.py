@@ -131,6 +131,7 @@ def test_parallel_without_torchrun_is_one_line(model_folder, tmp_path, capsys):
 def test_command_choices_are_the_modules():
     assert command.ENGINES == engines.ENGINES and command.ENGINES[0] == "hyflash"
     assert command.FEATURE_MODES == features.FEATURE_MODES
+    assert command.PRECISIONS == features.PRECISIONS and command.PRECISIONS[0] == "float32"
     assert command.PARALLEL == distributed.PARALLEL
 
 
@@ -162,3 +163,41 @@ def test_features_are_computed_for_tokens_generated_earlier(tmp_path, target, st
                          engine=NoDecoding(), tokens_from=tokens)
     assert (tmp_path / "partial" / "shard0000.safetensors").exists()
 
+
+
+def test_bf16_features_keep_the_tokens_and_stay_close_to_float32(tmp_path, target, stream):
+    """--feature-precision bfloat16: the continuations are the float32 ones (decoded at
+    float32), the features come from a bf16 pass (close to, not equal to, float32), and
+    the greedy labels from float32 logits of that pass."""
+    fp32 = generate_dataset(target, stream, SPEC, tmp_path / "fp32", progress=False)
+    bf16 = generate_dataset(target, stream, SPEC, tmp_path / "bf16", progress=False,
+                            feature_precision="bfloat16")
+    a, b = DistillSet(fp32), DistillSet(bf16)
+    same_greedy = total = 0
+    for i in range(SPEC.sequences):
+        (ta, fa, pa), (tb, fb, pb) = a.get(i), b.get(i)
+        assert torch.equal(ta, tb) and pa == pb
+        assert not torch.equal(fa, fb)  # the pass really ran in bf16
+        rel = (fb.float() - fa.float()).norm(dim=-1) / fa.float().norm(dim=-1)
+        assert rel.mean() < 0.05
+        same_greedy += int((a.greedy(i) == b.greedy(i)).sum())
+        total += a.greedy(i).numel()
+    assert same_greedy / total > 0.9
+
+
+def test_feature_precision_names_the_cached_folder_but_not_the_tokens(tmp_path, model_folder,
+                                                                      target):
+    spec = DataSpec(sequences=8)
+    fp = command.folder_names(tmp_path, spec, model_folder, target, "c", "hyflash")
+    bf = command.folder_names(tmp_path, spec, model_folder, target, "c", "hyflash", "bfloat16")
+    assert fp[0] != bf[0] and fp[1] == bf[1]
+
+
+def test_bf16_features_with_recomputed_features_is_one_line(model_folder, tmp_path, capsys):
+    assert main(["train", "--target", str(model_folder), "--data", "stdlib", "--out",
+                 str(tmp_path / "d"), "--features", "recompute", "--gen-len", "16",
+                 "--feature-precision",
+                 "bfloat16", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--feature-precision bfloat16 applies to cached features" in err
+    assert err.count("\n") == 1

@@ -127,11 +127,11 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
     return tokens, feats, greedy
 
 
-def features_for(target: Target, tokens: list[np.ndarray],
-                 batch: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def features_for(target: Target, tokens: list[np.ndarray], batch: int,
+                 precision: str = "float32") -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The target's features (float16 [T-1, F]) and greedy labels (int32 [T-1]) of
-    sequences generated earlier: one causal pass per run of up to ``batch`` consecutive
-    sequences of equal length (a generation batch has one length)."""
+    sequences generated earlier: one causal pass (at ``precision``) per run of up to
+    ``batch`` consecutive sequences of equal length (a generation batch has one length)."""
     from hyflash.train.features import features_and_greedy
 
     device = target.embed_tokens.weight.device
@@ -143,7 +143,7 @@ def features_for(target: Target, tokens: list[np.ndarray],
         while j < len(tokens) and j - i < batch and len(tokens[j]) == len(tokens[i]):
             j += 1
         t = torch.from_numpy(np.stack(tokens[i:j])).long().to(device)
-        f, g = features_and_greedy(target, t[:, :-1])
+        f, g = features_and_greedy(target, t[:, :-1], precision)
         out += [x.cpu().numpy() for x in f.half()]
         labels += [x.cpu().numpy().astype(np.int32) for x in g]
         i = j
@@ -152,14 +152,17 @@ def features_for(target: Target, tokens: list[np.ndarray],
 
 def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Path,
                      progress: bool = True, engine=None, shards=None,
-                     features: bool = True, tokens_from: Path | None = None) -> Path:
+                     features: bool = True, tokens_from: Path | None = None,
+                     feature_precision: str = "float32") -> Path:
     """Write shards of (tokens, features, prompt length) to out; resume where it stopped.
     engine: ``engines.py`` (default: hyflash's, on ``target``); shards: the shard numbers
     to write (default: all; a rank writes its own); features: cache them (else tokens
     only: the training step recomputes them). tokens_from: a tokens-only folder of the
     same spec (``--features recompute``, perhaps generated on another machine): its
     shards' tokens are taken as they are and only their features computed (one causal
-    pass, no decoding); shards it lacks are generated."""
+    pass, no decoding); shards it lacks are generated. feature_precision: float32 takes
+    the features decoding computes; bfloat16 decodes at float32 (the continuations are the
+    target's own) and computes every shard's features by one bf16 causal pass."""
     from tqdm import tqdm
 
     from hyflash.train.engines import HyflashEngine
@@ -188,7 +191,7 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
         if features and tokens_from is not None and shard_path(tokens_from, s).exists():
             src = Shard(shard_path(tokens_from, s))
             toks = [src.tokens(i).numpy().astype(np.int32) for i in range(len(src))]
-            feats, labels = features_for(target, toks, spec.batch)
+            feats, labels = features_for(target, toks, spec.batch, feature_precision)
             write_shard(out, s, toks, feats, src.meta, greedy=labels)
             bar.update(size)
             continue
@@ -203,11 +206,13 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
             starts = rng.integers(0, len(stream) - length, n)
             prompts = torch.from_numpy(np.stack([stream[a:a + length] for a in starts])).long()
             sample = bool(rng.random() < spec.sampled_fraction)
+            from_decoding = features and feature_precision == "float32"
             t, f, g = engine.continue_batch(prompts, spec.gen_len, sample, spec.temperature,
-                                            gen, features=features)
-            if features and f is None:  # the engine gives tokens only: one causal pass
+                                            gen, features=from_decoding)
+            if features and f is None:  # tokens only (engine or precision): one causal pass
                 f, g = features_and_greedy(target,
-                                           t[:, :-1].to(target.embed_tokens.weight.device))
+                                           t[:, :-1].to(target.embed_tokens.weight.device),
+                                           feature_precision)
                 f = f.half()
             for i in range(n):
                 toks.append(t[i].cpu().numpy().astype(np.int32))
