@@ -27,13 +27,13 @@ def plot(result: dict, path: Path) -> None:
 def speed(ax, data: dict, dry: bool) -> None:
     rows = sorted(data["rows"], key=lambda r: r["tokens_per_s"])
     colors = {"plain": "tab:gray", "speculative": "tab:orange", "lookup": "tab:green",
-              "speculative+lookup": "tab:red"}
+              "speculative+lookup": "tab:red", "adaptive": "tab:brown"}
     ax.barh([f"{r['system']} / {r['mode']}" for r in rows], [r["tokens_per_s"] for r in rows],
             color=[colors.get(r["mode"], "tab:blue") if r["group"] == "ours" else "tab:purple"
                    for r in rows])
     ax.set_xlabel("tokens / s (median)")
     ax.set_title("speed (purple: peers; gray plain, orange speculative, green lookup, "
-                 "red speculative+lookup)",
+                 "red speculative+lookup, brown adaptive)",
                  fontsize=9)
     ax.tick_params(axis="y", labelsize=7)
 

@@ -31,4 +31,5 @@ class Skipped:
 
 
 # a mode's row claims identical output to this mode of the same system (lossless pairs)
-LOSSLESS_PAIRS = {"speculative": "plain", "lookup": "plain", "speculative+lookup": "plain"}
+LOSSLESS_PAIRS = {"speculative": "plain", "lookup": "plain", "speculative+lookup": "plain",
+                  "adaptive": "plain"}

@@ -11,10 +11,11 @@ included; tokens/s = new tokens / that. One warm-up generate (8 tokens) per mode
 
 Systems: ``ours`` (a bundle through our engine: plain, speculative with the drafter, lookup
 (drafts copied from the context, ``runtime/lookup.py``) and speculative+lookup (copies
-where the context has a match, the drafter elsewhere), same process and target: each
-checked against plain), ``transformers`` (``generate``, plain and with
-``prompt_lookup_num_tokens``, same model and process), ``optimum``
-(``ORTModelForCausalLM.generate``).
+where the context has a match, the drafter elsewhere) and adaptive (a rate gate,
+``runtime/gate.py``, picks lookup, drafter or a plain decode by measured tokens per
+second), same process and target: each checked against plain), ``transformers``
+(``generate``, plain and with ``prompt_lookup_num_tokens``, same model and process),
+``optimum`` (``ORTModelForCausalLM.generate``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def run_ours(req: dict) -> dict:
 
     from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.engine import SpeculativeEngine
+    from hyflash.runtime.gate import RateGate
     from hyflash.runtime.lookup import ContextLookup
 
     torch.set_num_threads(req["threads"])
@@ -48,7 +50,10 @@ def run_ours(req: dict) -> dict:
                          ("speculative", SpeculativeEngine(target, drafter)),
                          ("lookup", SpeculativeEngine(target, None, ContextLookup(block_size=B))),
                          ("speculative+lookup",
-                          SpeculativeEngine(target, drafter, ContextLookup(block_size=B)))):
+                          SpeculativeEngine(target, drafter, ContextLookup(block_size=B))),
+                         ("adaptive", SpeculativeEngine(target, drafter,
+                                                        ContextLookup(block_size=B),
+                                                        RateGate()))):
         engine.generate(req["prompts"][0], max_new_tokens=WARMUP_TOKENS)
         gens, stats = [], []
         for ids in req["prompts"]:

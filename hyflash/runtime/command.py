@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup", action="store_true",
                    help="draft by copying from the context where its last tokens occurred "
                         "before, with the drafter elsewhere (lossless; runtime/lookup.py)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="each round, take whichever of the lookup (with --lookup), the drafter "
+                        "and a plain one-token decode has committed the most tokens per "
+                        "second so far (measured; still lossless; runtime/gate.py)")
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 = greedy (default)")
@@ -105,7 +109,12 @@ def open_engine(args: argparse.Namespace):
         from hyflash.runtime.lookup import ContextLookup
 
         lookup = ContextLookup(block_size=drafter.block_size if drafter else 8)
-    engine = SpeculativeEngine(target, drafter, lookup)
+    gate = None
+    if args.adaptive:
+        from hyflash.runtime.gate import RateGate
+
+        gate = RateGate()
+    engine = SpeculativeEngine(target, drafter, lookup, gate)
     return engine, tokenizer, sorted(eos)
 
 

@@ -36,6 +36,7 @@ import torch
 
 from hyflash.errors import HyflashError
 from hyflash.runtime.backends import DrafterBackend, TargetBackend
+from hyflash.runtime.gate import RateGate
 from hyflash.runtime.lookup import ContextLookup
 from hyflash.runtime.sampling import Sampling, distribution_rows, sample
 from hyflash.runtime.stats import GenerationStats, peak_rss_mib
@@ -52,10 +53,12 @@ class Generation:
 class SpeculativeEngine:
     """Runs one sequence at a time (batch 1) on a target and, optionally, a drafter and
     a context lookup (``lookup.py``): a round drafts by copying from the context when the
-    lookup finds the last tokens earlier in it, and asks the drafter otherwise."""
+    lookup finds the last tokens earlier in it, and asks the drafter otherwise. With a
+    ``RateGate`` (``gate.py``) the round instead takes whichever of the lookup, the
+    drafter and a plain decode has committed the most tokens per second so far."""
 
     def __init__(self, target: TargetBackend, drafter: DrafterBackend | None = None,
-                 lookup: ContextLookup | None = None):
+                 lookup: ContextLookup | None = None, gate: RateGate | None = None):
         if drafter is not None:
             check_pair(target, drafter)
             if lookup is not None and lookup.block_size != drafter.block_size:
@@ -64,6 +67,7 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         self.lookup = lookup
+        self.gate = gate
 
     @property
     def block_size(self) -> int:
@@ -147,6 +151,8 @@ class SpeculativeEngine:
         _, reason = emit([first])
         if self.lookup is not None:
             self.lookup.reset(tokens)
+        if self.gate is not None:
+            self.gate.reset()
         yield from clock.paused([first])
 
         while reason is None:
@@ -154,16 +160,26 @@ class SpeculativeEngine:
             r = min(B - 1, target.max_seq_len - len(tokens) - 1)  # drafts that still fit
 
             # draft: copied from the context if the lookup finds a match, else the drafter's
+            # (or whichever of them and a plain decode the gate finds pays most)
             q = None
             drafts = torch.empty(0, dtype=torch.long)
             copied = self.lookup.propose(r) if self.lookup is not None and r > 0 else []
-            if copied:
+            available = [name for name, ok in (("lookup", bool(copied)),
+                                               ("drafter", r > 0 and drafter is not None),
+                                               ("plain", True)) if ok]
+            choice = self.gate.choose(available) if self.gate is not None else available[0]
+            round_start = time.perf_counter()
+            if choice == "plain":
+                r = 0
+                if self.gate is not None:
+                    stats.plain_rounds += 1
+            elif choice == "lookup":
                 stats.lookup_rounds += 1
                 drafts = torch.tensor(copied)
                 if not sampling.greedy:  # a copy is a draft from a point mass
                     q = torch.zeros(len(copied), target.vocab_size).scatter_(
                         1, drafts[:, None], 1.0)
-            elif r > 0 and drafter is not None:
+            else:
                 with clock("draft_s"):
                     draft_logits = self._check_draft(drafter.draft(anchor, pos))[:r]
                 stats.drafter_calls += 1
@@ -176,6 +192,7 @@ class SpeculativeEngine:
                                                   pos)
             stats.target_calls += 1
             stats.rounds += 1
+            round_s = time.perf_counter() - round_start
 
             # accept
             if sampling.greedy:
@@ -187,6 +204,8 @@ class SpeculativeEngine:
                 stats.position_proposed[i] += 1
                 stats.position_accepted[i] += int(i < k)
             n, reason = emit(drafts[:k].tolist() + [bonus])
+            if self.gate is not None:
+                self.gate.record(choice, k + 1, round_s)
             if self.lookup is not None:
                 self.lookup.extend(new[-n:])
 

@@ -62,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="draft by copying from the context where its last tokens occurred "
                         "before (prompt lookup), with the drafter where they did not; still "
                         "lossless (runtime/lookup.py)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="each round, take whichever of the lookup (with --lookup), the drafter "
+                        "and a plain one-token decode has committed the most tokens per "
+                        "second so far (measured; still lossless; runtime/gate.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--device", metavar="NAME",
                    help="also project phone decode speed and memory on this device profile "
@@ -126,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from hyflash.models.tokenizer import load_tokenizer
     from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.engine import SpeculativeEngine
+    from hyflash.runtime.gate import RateGate
     from hyflash.runtime.lookup import ContextLookup
     from hyflash.runtime.simulate_report import Report
 
@@ -151,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     for i, p in enumerate(ids):
         check_prompt(p, i, target.max_seq_len, room)
     lookup = ContextLookup(block_size=drafter.block_size) if args.lookup else None
-    plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter, lookup)
+    gate = RateGate() if args.adaptive else None
+    plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter, lookup, gate)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
               seed=args.seed, eos_ids=sorted(eos))
     # warm-up: the first ONNX Runtime calls allocate and plan; keep them out of the numbers

@@ -36,7 +36,8 @@ class Report:
             "window": m.window, "window_cache": m.drafter.window_cache,
             "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature, "seed": args.seed, "threads": args.threads,
-            "prompts": n_prompts,
+            "prompts": n_prompts, "lookup": bool(getattr(args, "lookup", False)),
+            "adaptive": bool(getattr(args, "adaptive", False)),
         }
         self.fixed_state_bytes = m.state_bytes
         self.kv_bytes_per_token = m.kv_bytes_per_token

@@ -29,6 +29,8 @@ class GenerationStats:
 
     ``lookup_rounds`` counts the rounds whose drafts the context lookup copied (no
     drafter call); the drafter's commits still run in them, inside ``draft_s``.
+    ``plain_rounds`` counts the rounds a rate gate (``gate.py``) decoded one token in
+    without drafts, because that paid more than drafting did.
 
     Times are wall-clock seconds; time a streaming consumer spends between tokens is not
     counted. ``overhead_s`` is everything that is neither the prefill, the drafter, nor
@@ -42,6 +44,7 @@ class GenerationStats:
     target_calls: int = 0        # prefill + verify calls
     drafter_calls: int = 0       # draft calls (commits are counted in draft_s, not here)
     lookup_rounds: int = 0       # rounds whose drafts were copied from the context
+    plain_rounds: int = 0        # rounds a rate gate decoded without drafts
     accepted_drafts: int = 0
     dropped_draft_rows: int = 0  # rows of a broken drafter, never verified (see above)
     position_proposed: list[int] = field(default_factory=list)
@@ -107,6 +110,8 @@ def format_stats(s: GenerationStats) -> str:
         ("drafter calls", s.drafter_calls),
         *([("rounds drafted by lookup", f"{s.lookup_rounds} of {s.rounds}")]
           if s.lookup_rounds else []),
+        *([("rounds decoded plain by the gate", f"{s.plain_rounds} of {s.rounds}")]
+          if s.plain_rounds else []),
         ("prefill", pct(s.prefill_s)),
         ("drafting", pct(s.draft_s)),
         (phase, pct(s.verify_s)),
