@@ -39,7 +39,8 @@ SEQUENCES, SHARD = 4096, 128  # the committed tokens: 32 shards of 128 continuat
 DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32",
         "--feature-precision", "bfloat16"]  # features 3x faster (AMX), within ~1%
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
-         "--eval-every", "100"]  # val.jsonl: does the full data still overfit?
+         "--eval-every", "100", "--keep", "best",  # val.jsonl: does the full data overfit?
+         "--precision", "bfloat16"]  # ~1.7x faster steps (AMX), float32 weights
 
 
 def recipe(sequences: int, steps: int) -> list[str]:

@@ -76,14 +76,36 @@ def test_continue_batch_matches_a_plain_decode_with_the_whole_cache(model_folder
     torch.testing.assert_close(feats.float(), torch.cat(ref_feats, 1), atol=2e-3, rtol=1e-2)
 
 
-def test_a_few_steps_reduce_the_loss(distilled, tmp_path):
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_a_few_steps_reduce_the_loss(distilled, tmp_path, precision):
     target, data = distilled
-    spec = loop.TrainSpec(steps=80, batch=4, anchors=8, lr=1e-2, warmup=5)
+    spec = loop.TrainSpec(steps=80, batch=4, anchors=8, lr=1e-2, warmup=5, precision=precision)
     _, val = loop.split(len(data), spec)
     d = small_drafter(target)
     before = loop.evaluate(d, data, val, spec)["val_loss"]
     report = loop.train(d, data, spec, tmp_path, progress=False)
     assert report["val_loss"] < 0.9 * before
+
+
+def test_bf16_training_keeps_float32_weights_and_names_its_run(distilled, tmp_path):
+    from hyflash.train.command import run_suffix
+
+    target, data = distilled
+    d = small_drafter(target)
+    spec = loop.TrainSpec(steps=3, batch=4, anchors=8, warmup=1, precision="bfloat16")
+    loop.train(d, data, spec, tmp_path, progress=False)
+    assert {p.dtype for p in d.parameters()} == {torch.float32}
+    assert run_suffix(spec).endswith("-bf16") and run_suffix(loop.TrainSpec()) == ""
+    with pytest.raises(HyflashError, match="precision 'fp8'"):
+        loop.TrainSpec(precision="fp8")
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_with_its_default(tmp_path):
+    now = {"drafter": {}, "train": {"steps": 10, "precision": "float32"}}
+    loop.check_resumable(tmp_path / "ckpt", {"drafter": {}, "train": {"steps": 10}}, now)
+    with pytest.raises(HyflashError, match="a run with precision 'float32', not 'bfloat16'"):
+        loop.check_resumable(tmp_path / "ckpt", {"drafter": {}, "train": {"steps": 10}},
+                             {**now, "train": {"steps": 10, "precision": "bfloat16"}})
 
 
 def test_learning_rate_warms_up_then_decays_to_five_percent():

@@ -48,7 +48,8 @@ def run_suffix(spec) -> str:
     short = {"steps": "s", "batch": "b", "anchors": "a", "lr": "lr", "seed": "seed",
              "memory_lr_scale": "mls", "prompt_anchors": "pa"}
     return "".join(f"-{tag}{getattr(spec, k):g}" for k, tag in short.items()
-                   if getattr(spec, k) != getattr(base, k))
+                   if getattr(spec, k) != getattr(base, k)) + (
+        "-bf16" if spec.precision != base.precision else "")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,6 +134,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--keep", choices=KEEP, default=KEEP[0],
                    help="the drafter written: the run's last weights (default) or the best "
                         "validated ones (needs --eval-every; for a run that overfits)")
+    g.add_argument("--precision", choices=PRECISIONS, default=PRECISIONS[0],
+                   help="the drafter's training arithmetic: float32 (default) or bfloat16 "
+                        "autocast (float32 weights and optimizer; ~1.7x faster steps on CPUs "
+                        "with AMX)")
     g.add_argument("--seed", type=nonneg_int, default=0,
                    help="seeds the drafter's initial weights, the prompts and the batches")
     g.add_argument("--threads", type=threads, default=None,
@@ -192,7 +197,8 @@ def run_on(args: argparse.Namespace, d) -> int:
                            lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed,
                            checkpoint_every=args.checkpoint_every,
                            prompt_anchors=args.prompt_anchors, eval_every=args.eval_every,
-                           keep=args.keep)  # checked before hours of data generation
+                           keep=args.keep, precision=args.precision)  # checked before
+    # hours of data generation
     work = args.work or args.out.with_name(args.out.name + ".work")
     check_out(args.out)
     check_work(work, args.out)

@@ -31,7 +31,7 @@ from hyflash.errors import HyflashError
 from hyflash.models.drafter import Drafter
 from hyflash.train import checkpoints
 from hyflash.train.distributed import SINGLE, Dist, place_target, unwrap, wrap
-from hyflash.train.features import target_features
+from hyflash.train.features import PRECISIONS, autocast, target_features
 from hyflash.train.lanes import Sampler, rank_shards
 from hyflash.train.scaffold import save_checkpoint, warmup_cosine
 from hyflash.train.shards import DistillSet
@@ -56,8 +56,12 @@ class TrainSpec:
     keep: str = "last"  # the drafter a run ends with: its "last" weights, or the "best" validated
     val_fraction: float = 0.05
     seed: int = 0
+    precision: str = "float32"  # the drafter's forward and backward: float32 or bf16 autocast
 
     def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise HyflashError(f"precision {self.precision!r}: choose "
+                               f"{' or '.join(PRECISIONS)}")
         if self.keep not in KEEP:
             raise HyflashError(f"keep {self.keep!r}: choose {' or '.join(KEEP)}")
         if self.keep == "best" and not self.eval_every:
@@ -199,7 +203,7 @@ def evaluate(drafter: Drafter, data: DistillSet, ids: list[int], spec: TrainSpec
             continue
         picks = [(i, np.random.default_rng([spec.seed, VAL_STREAM, i])) for i in batches[k]]
         tokens, feats, anchors, labels = step_batch(data, picks, spec.anchors, bsz, target, d)
-        with d.on_device():
+        with d.on_device(), autocast(spec.precision, d.device.type):
             loss, acc = block_loss(drafter(tokens, feats, anchors), head_labels(drafter, labels),
                                    w)
         sums += torch.cat([loss[None], acc, torch.ones(1, device=acc.device)]).cpu() * len(picks)
@@ -279,7 +283,7 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         lr = lr_at(step, spec)
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"]
-        with d.on_device():
+        with d.on_device(), autocast(spec.precision, d.device.type):
             loss, acc = block_loss(model(tokens, feats, anchors), head_labels(drafter, labels),
                                    w)
         opt.zero_grad(set_to_none=True)
@@ -372,10 +376,12 @@ def run_settings(drafter: Drafter, spec: TrainSpec) -> dict:
 
 
 def check_resumable(ckpt: Path, saved: dict, now: dict) -> None:
+    defaults = {"drafter": {}, "train": asdict(TrainSpec())}  # settings newer than a run
     for part in ("drafter", "train"):
         for key, value in now[part].items():
-            if saved[part].get(key) != value:
+            was = saved[part].get(key, defaults[part].get(key))
+            if was != value:
                 raise HyflashError(
-                    f"{ckpt} is a run with {key} {saved[part].get(key)!r}, not {value!r}: "
+                    f"{ckpt} is a run with {key} {was!r}, not {value!r}: "
                     "rerun with its settings to resume it, or use another --work folder")
 
