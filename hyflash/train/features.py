@@ -19,9 +19,9 @@ from hyflash.train.folders import human_bytes
 
 FEATURE_MODES = ("auto", "cache", "recompute")
 # The compute precision of the causal feature pass. bfloat16 runs the target's matmuls on
-# AMX / AVX-512-BF16 where the CPU has them: measured 3x faster than float32 on this
-# machine's Xeon for SmolLM2-135M, features within 0.8% (relative L2), prompt-position
-# greedy labels equal in 98.9% of positions (benchmarks/data_gen_speed.py --precision).
+# AMX / AVX-512-BF16 where the CPU has them; on this machine's Xeon it is about 2-3x faster
+# than float32 for SmolLM2-135M, its features within ~0.8% (relative L2); the greedy labels
+# come from float32 logits either way (benchmarks/precision_speed.py measures all three).
 PRECISIONS = ("float32", "bfloat16")
 CACHE_LIMIT = 16 * 2**30  # bytes of cached features; above it, recompute
 
