@@ -6,8 +6,9 @@ The recipe is fixed here (DATA, TRAIN). Its expensive part is the self-distillat
 1.6M tokens through a 135M-parameter fp32 target on this CPU. A session of this machine
 ends before that and the next starts on a fresh disk, so the tokens travel in the
 repository (a few MB, ``benchmarks/distill/``); the features and greedy labels (GBs) are
-recomputed from them by ``hyflash train`` (one causal pass per batch, no decoding; about
-6 min per shard of 128 continuations and process here). ``--sequences N`` (a multiple of
+recomputed from them by ``hyflash train`` (one bf16 causal pass per batch, no decoding:
+40 min for all 32 shards with ``--nproc 2`` here, 62 min at float32; training then takes
+about 0.8 s a step, 25 min with its validations). ``--sequences N`` (a multiple of
 128) trains on the first N/128 of those shards, which are exactly the data of a run of N
 continuations (a shard depends only on the seed and its number).
 
@@ -37,10 +38,10 @@ HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
 SEQUENCES, SHARD = 4096, 128  # the committed tokens: 32 shards of 128 continuations
 DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32",
-        "--feature-precision", "bfloat16"]  # features 3x faster (AMX), within ~1%
+        "--feature-precision", "bfloat16"]  # features 1.7x faster (AMX), within ~1%
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
          "--eval-every", "100", "--keep", "best",  # val.jsonl: does the full data overfit?
-         "--precision", "bfloat16"]  # ~1.7x faster steps (AMX), float32 weights
+         "--precision", "bfloat16"]  # ~1.6x faster steps (AMX), float32 weights
 
 
 def recipe(sequences: int, steps: int) -> list[str]:

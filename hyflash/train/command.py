@@ -107,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compute precision of the pass that computes cached features: "
                         "float32 (default: the features decoding computes) or bfloat16 "
                         "(continuations still decoded at float32, features then from one "
-                        "bf16 causal pass; 3x faster on CPUs with AMX, features within ~1%%)")
+                        "bf16 causal pass; 1.7x faster here (AMX), features within ~1%%)")
     g.add_argument("--features", choices=FEATURE_MODES, default=FEATURE_MODES[0],
                    help="the target's features: cached with the data, or recomputed by the "
                         "frozen target in every training step; auto (default) recomputes "
@@ -136,7 +136,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "validated ones (needs --eval-every; for a run that overfits)")
     g.add_argument("--precision", choices=PRECISIONS, default=PRECISIONS[0],
                    help="the drafter's training arithmetic: float32 (default) or bfloat16 "
-                        "autocast (float32 weights and optimizer; ~1.7x faster steps on CPUs "
+                        "autocast (float32 weights and optimizer; ~1.6x faster steps here "
                         "with AMX)")
     g.add_argument("--seed", type=nonneg_int, default=0,
                    help="seeds the drafter's initial weights, the prompts and the batches")

@@ -19,7 +19,7 @@ from hyflash.train.folders import human_bytes
 
 FEATURE_MODES = ("auto", "cache", "recompute")
 # The compute precision of the causal feature pass. bfloat16 runs the target's matmuls on
-# AMX / AVX-512-BF16 where the CPU has them; on this machine's Xeon it is about 2-3x faster
+# AMX / AVX-512-BF16 where the CPU has them; on this machine's Xeon it is about 1.7x faster
 # than float32 for SmolLM2-135M, its features within ~0.8% (relative L2); the greedy labels
 # come from float32 logits either way (benchmarks/precision_speed.py measures all three).
 PRECISIONS = ("float32", "bfloat16")
