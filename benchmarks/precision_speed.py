@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -29,14 +28,6 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
-
-
-def gguf() -> Path:
-    import subprocess
-
-    out = subprocess.run([sys.executable, str(HERE / "setup_models.py")], check=True,
-                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    return Path(out)
 
 
 def token_batch(n: int = 8) -> torch.Tensor:
@@ -129,6 +120,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=HERE / "results")
     a = p.parse_args()
+    from smollm2_drafter import gguf  # benchmarks/ is on the path of a script run from it
+
     from hyflash.models.target import Target, resolve_model_folder
 
     torch.set_num_threads(a.threads)
