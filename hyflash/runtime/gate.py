@@ -73,7 +73,3 @@ class RateGate:
 
     def record(self, proposer: str, tokens: int, seconds: float) -> None:
         self.rates[proposer].add(tokens, seconds, self.keep)
-
-    def summary(self) -> dict[str, dict]:
-        return {p: {"rounds": r.rounds, "tokens_per_s": round(r.per_second, 1)}
-                for p, r in self.rates.items() if r.rounds}

@@ -56,7 +56,8 @@ def choose(mode: str, spec, feature_size: int) -> tuple[bool, str]:
 
 
 def autocast(precision: str, device_type: str):
-    """The context a feature pass runs in: nothing for float32, bf16 autocast otherwise."""
+    """The context a pass runs in (the feature pass, the drafter's training step):
+    nothing for float32, bf16 autocast otherwise."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     if precision == "float32":
