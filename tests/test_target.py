@@ -1,6 +1,7 @@
 """The target decoder matches transformers for every supported family, with and
 without its static KV cache, before and after a rollback."""
 
+import contextlib
 import json
 
 import pytest
@@ -231,6 +232,26 @@ def test_prefill_equals_cached_forward_and_fills_the_cache(pair):
     torch.testing.assert_close(feats, ref_feats, atol=1e-5, rtol=0)
     torch.testing.assert_close(ours(prompt(3, seed=4), 25)[0], ref_next, atol=1e-5, rtol=0)
 
+
+
+@torch.no_grad()
+def test_fused_attention_computes_what_the_explicit_form_does_and_is_scoped(pair):
+    """The data passes' fused kernel: same logits and features (1e-5) for a prefill, a
+    multi-token call against the static cache and a causal pass; outside the context the
+    explicit form is back (the flag the exported graphs never see)."""
+    _, ours = pair
+    ids, more = prompt(25), prompt(6, seed=4)
+    ref = []
+    for fused in (False, True):
+        ours.setup_cache()
+        with ours.fused_attention() if fused else contextlib.nullcontext():
+            got = [*ours.prefill(ids), *ours(more, 25)]
+            ours.drop_cache()
+            got += [*ours(torch.cat([ids, more], 1), 0)]
+        ref.append(got)
+    for a, b in zip(*ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert not any(layer.self_attn.fused for layer in ours.layers)
 
 # ------------------------------------------------------------ damaged model folders
 

@@ -16,6 +16,7 @@ Module names mirror Hugging Face's, so a checkpoint's state dict loads one to on
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -232,6 +233,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.kv_cache: KVCache | None = None
+        self.fused = False  # set by fused_attention()
 
     def forward(self, x, cos, sin, pos, mask, past=None, fresh=False):
         """-> (output, (k, v) the keys/values attended to: past + new, or the cache).
@@ -253,6 +255,10 @@ class Attention(nn.Module):
             if not fresh:
                 k, v = written
         present = (k, v)
+        if self.fused and t > 1:
+            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                               enable_gqa=True)
+            return self.o_proj(y.transpose(1, 2).reshape(b, t, -1)), present
         # GQA without copying the cache: the query heads sharing a KV head are stacked
         # along the query axis, so each KV head is read once (no repeat, no broadcast copy)
         rep = c.num_attention_heads // c.num_key_value_heads
@@ -318,6 +324,25 @@ class Target(nn.Module):
             layer.self_attn.kv_cache = KVCache(batch, c.num_key_value_heads, length,
                                                c.head_dim, dtype)
         self.cache_batch, self.cache_len = batch, length
+
+    @contextlib.contextmanager
+    def fused_attention(self):
+        """Within it, calls of more than one token attend through torch's fused
+        scaled_dot_product_attention instead of the explicit scores / mask / softmax
+        (single-token decode steps stay explicit: faster there). For the data passes
+        (prefill chunks and the causal feature pass), where the explicit form spends most of
+        its time writing and re-reading the score tensor: measured by
+        benchmarks/data_gen_speed.py. Outside it the model computes exactly what every
+        exported graph computes, so the runtime's parity and losslessness are untouched."""
+        layers = [layer.self_attn for layer in self.layers]
+        before = [a.fused for a in layers]
+        for a in layers:
+            a.fused = True
+        try:
+            yield self
+        finally:
+            for a, was in zip(layers, before, strict=True):
+                a.fused = was
 
     def drop_cache(self) -> None:
         for layer in self.layers:

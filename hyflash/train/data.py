@@ -93,7 +93,13 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
     feeds (each decode step attends over all of it, so a cache of the target's whole
     context would cost up to 4x the weights' traffic per step); logits are computed for
     the last position only while decoding (every position in the prefill, for the greedy
-    labels); features go straight into one preallocated float16 buffer."""
+    labels); features go straight into one preallocated float16 buffer; the prefill
+    chunks attend through torch's fused kernel (``Target.fused_attention``)."""
+    with target.fused_attention():
+        return _continue(target, prompts, gen_len, sample, gen, temperature, features)
+
+
+def _continue(target, prompts, gen_len, sample, gen, temperature, features):
     n, length = prompts.shape
     fed = length + gen_len - 1
     target.setup_cache(n, max_len=fed)

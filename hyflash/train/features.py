@@ -100,10 +100,11 @@ def causal_pass(target, tokens: torch.Tensor, greedy: bool):
     x = target.embed_tokens(tokens)
     taps = []
     last = len(target.layers) - 1 if greedy else max(cfg.tap_layers)
-    for i, layer in enumerate(target.layers[: last + 1]):
-        x, _ = layer(x, cos, sin, pos, mask)
-        if i in cfg.tap_layers:
-            taps.append(x)
+    with target.fused_attention():  # T x T scores never materialised
+        for i, layer in enumerate(target.layers[: last + 1]):
+            x, _ = layer(x, cos, sin, pos, mask)
+            if i in cfg.tap_layers:
+                taps.append(x)
     feats = torch.cat(taps, dim=-1).float()
     if not greedy:
         return feats, None
