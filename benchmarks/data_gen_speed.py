@@ -1,4 +1,5 @@
-"""Where self-distillation data generation spends its time, on a SmolLM2-135M-shaped target.
+"""Where self-distillation data generation spends its time, on a SmolLM2-135M-shaped target
+(or, with ``--shape pocket``, the pocket model's shape).
 
 `hyflash train` spends most of its wall time in `hyflash.train.data.continue_batch`: the
 target prefills a batch of prompts, then decodes `gen_len` tokens, keeping the features
@@ -43,6 +44,12 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                     head_dim=64, max_seq_len=4096, rms_norm_eps=1e-5, rope_theta=100000.0,
                     tie_word_embeddings=True, model_type="llama")
+POCKET = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=6,
+              num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_seq_len=2048,
+              rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+              model_type="llama")
+SHAPES = {"smollm2": SMOLLM2_135M, "pocket": POCKET}
+TITLES = {"smollm2": "SmolLM2-135M shape", "pocket": "pocket model shape"}
 
 
 def module_at(rev: str, path: str, name: str) -> types.ModuleType:
@@ -141,17 +148,15 @@ def project(rows: dict, batch: int, gen_len: int, lengths: list[int]) -> dict:
             "other": other * len(lengths)}
 
 
-def batch_bytes(n: int, length: int, gen_len: int, impl: str) -> int:
-    """The big buffers of one batch: KV cache + logits (+ prefill scores, fp16 features)."""
-    c = SMOLLM2_135M
+def batch_bytes(n: int, length: int, gen_len: int, impl: str, c: dict) -> int | None:
+    """The big buffers of one batch: KV cache + fp16 features (the fused prefill never
+    holds a score tensor). None for ``before`` rows: what they held depends on the
+    revision (the committed data_gen_speed.md gives 18422bc's)."""
+    if impl == "before":
+        return None
     kv_row = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 4
-    if impl == "before":  # cache over the whole context, logits of every prompt position
-        return n * (kv_row * c["max_seq_len"] + length * c["vocab_size"] * 4
-                    + (length + gen_len) * 3 * c["hidden_size"] * 4)
     fed = length + gen_len - 1
-    return (n * (kv_row * fed + fed * 3 * c["hidden_size"] * 2)
-            + min(data_now.PREFILL_SCORES_BYTES,
-                  n * c["num_attention_heads"] * length * fed * 4))
+    return n * (kv_row * fed + fed * 3 * c["hidden_size"] * 2)
 
 
 DEFAULT_CONFIGS = ["8x64", "8x512", "8x1024", "8x1920", "32x64", "32x512", "32x1024"]
@@ -160,6 +165,8 @@ DEFAULT_CONFIGS = ["8x64", "8x512", "8x1024", "8x1920", "32x64", "32x512", "32x1
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2",
+                   help="the target's shape (random weights): SmolLM2-135M or the pocket model")
     p.add_argument("--gen-len", type=int, default=96)
     p.add_argument("--runs", type=int, default=3, help="median of this many runs")
     p.add_argument("--config", action="append", default=None, metavar="BATCHxPROMPT",
@@ -194,7 +201,8 @@ def main(argv=None) -> int:
     return 0
 
 
-RECORDED = ("threads", "gen_len", "runs", "before", "project_batch", "budget", "budget_gen_len")
+RECORDED = ("threads", "shape", "config", "gen_len", "runs", "before", "project_batch",
+            "budget", "budget_gen_len")
 
 
 def parse_configs(texts: list[str]) -> list[tuple[int, int]]:
@@ -204,7 +212,7 @@ def parse_configs(texts: list[str]) -> list[tuple[int, int]]:
 def measure_all(args) -> dict[tuple[int, int, str], dict]:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    target = Target(TargetConfig(**SMOLLM2_135M)).eval()
+    target = Target(TargetConfig(**SHAPES[args.shape])).eval()
     configs = parse_configs(args.config or DEFAULT_CONFIGS)
     before_cfgs = parse_configs(args.before_config or []) or configs
     impls = {"after": data_now}
@@ -232,15 +240,17 @@ def measure_all(args) -> dict[tuple[int, int, str], dict]:
 
 def render(args, rows) -> str:
     lines = [
-        "# Self-distillation data generation speed (SmolLM2-135M shape, fp32, random init)",
+        f"# Self-distillation data generation speed ({TITLES[args.shape]}, fp32, random init)",
         "",
-        f"`python benchmarks/data_gen_speed.py --threads {args.threads}"
+        f"`python benchmarks/data_gen_speed.py --threads {args.threads} --shape {args.shape}"
+        f" --gen-len {args.gen_len} --runs {args.runs}"
+        + "".join(f" --config {c}" for c in args.config or [])
         + (f" --before {args.before}" if args.before else "") + "`: "
         f"torch {torch.__version__}, {args.threads} thread(s), gen_len {args.gen_len}, "
         f"greedy, median of {args.runs} runs per row (before/after interleaved). Phases in "
         "seconds per batch; *copies* = the rest of the batch (argmax, feature and token "
-        "copies); *write* = one shard write of the batch; *buffers* = the batch's KV cache, "
-        "logits, prefill scores and features (computed, MB). Tokens/s counts new tokens "
+        "copies); *write* = one shard write of the batch; *buffers* = the batch's KV cache "
+        "and features (computed for the current code, MB). Tokens/s counts new tokens "
         "(*new*) and prompt + new tokens (*all*).",
         "",
         "| batch x prompt | code | setup | prefill | decode (ms/step) | copies | write | "
@@ -249,11 +259,12 @@ def render(args, rows) -> str:
     ]
     for (n, length, name), r in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1],
                                                                      kv[0][2] != "before")):
-        mb = batch_bytes(n, length, args.gen_len, name) / 2**20
+        mb = batch_bytes(n, length, args.gen_len, name, SHAPES[args.shape])
+        mb = "-" if mb is None else f"{mb / 2**20:,.0f}"
         lines.append(f"| {n} x {length} | {name} | {r['setup']:.2f} | {r['prefill']:.2f} | "
                      f"{r['decode']:.1f} ({r['ms_per_step']:.0f}) | {r['copies']:.2f} | "
                      f"{r['write']:.2f} | {r['total']:.1f} | {r['new_tok_s']:.1f} | "
-                     f"{r['all_tok_s']:.0f} | {mb:,.0f} |")
+                     f"{r['all_tok_s']:.0f} | {mb} |")
     if args.before:
         lines += ["", "Speedup (before / after, total time per batch): " + ", ".join(
             f"{n} x {length}: {rows[(n, length, 'before')]['total'] / r['total']:.2f}x"
