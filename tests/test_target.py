@@ -233,7 +233,6 @@ def test_prefill_equals_cached_forward_and_fills_the_cache(pair):
     torch.testing.assert_close(ours(prompt(3, seed=4), 25)[0], ref_next, atol=1e-5, rtol=0)
 
 
-
 @torch.no_grad()
 def test_fused_attention_computes_what_the_explicit_form_does_and_is_scoped(pair):
     """The data passes' fused kernel: same logits and features (1e-5) for a prefill, a
@@ -252,6 +251,7 @@ def test_fused_attention_computes_what_the_explicit_form_does_and_is_scoped(pair
     for a, b in zip(*ref, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert not any(layer.self_attn.fused for layer in ours.layers)
+
 
 # ------------------------------------------------------------ damaged model folders
 

@@ -96,10 +96,11 @@ def continue_batch(target: Target, prompts: torch.Tensor, gen_len: int, sample: 
     labels); features go straight into one preallocated float16 buffer; the prefill
     chunks attend through torch's fused kernel (``Target.fused_attention``)."""
     with target.fused_attention():
-        return _continue(target, prompts, gen_len, sample, gen, temperature, features)
+        return _continue(target, prompts, gen_len, sample, temperature, gen, features)
 
 
-def _continue(target, prompts, gen_len, sample, gen, temperature, features):
+def _continue(target, prompts, gen_len, sample, temperature, gen, features):
+    """continue_batch's body, run inside the fused-attention context."""
     n, length = prompts.shape
     fed = length + gen_len - 1
     target.setup_cache(n, max_len=fed)
