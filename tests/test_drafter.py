@@ -32,9 +32,9 @@ def make_drafter(target, arch="hyflash", **kw):
     return d
 
 
-def sequence(target, t=48):
+def sequence(target, t=48, seed=3):
     tokens = torch.randint(0, target.cfg.vocab_size, (1, t),
-                           generator=torch.Generator().manual_seed(3))
+                           generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         _, feats = target(tokens, 0)
     return tokens, feats
@@ -45,6 +45,8 @@ def sequence(target, t=48):
                                      ("hyflash", dict(window=8, block_size=4,
                                                       memory="prefix-slots")),
                                      ("hyflash", dict(window=5, block_size=5, num_layers=1)),
+                                     # a window longer than the text: the whole-context path
+                                     ("hyflash", dict(window=56, block_size=4)),
                                      ("full", dict(block_size=4))])
 @pytest.mark.parametrize("chunks,window_cache", [("random", "kv"), ("single", "kv"),
                                                  ("random", "features")])
@@ -71,6 +73,24 @@ def test_parallel_form_equals_step_form(arch, kw, chunks, window_cache):
         chunk[: len(real)] = real
         state = d.commit(state, chunk, len(real))
     assert checked > 10
+
+
+@pytest.mark.parametrize("arch,kw", [("hyflash", dict(window=8, block_size=4,
+                                                      memory="decayed-linear")),
+                                     ("hyflash", dict(window=8, block_size=4)),
+                                     ("full", dict(block_size=4))])
+@torch.no_grad()
+def test_a_batch_of_sequences_drafts_as_each_sequence_alone(arch, kw):
+    """The parallel form batches sequences and anchors (the windowed form reshapes them
+    into N*A blocks): each row must see only its own sequence and anchor."""
+    target = tiny_target()
+    d = make_drafter(target, arch, **kw)
+    (t1, f1), (t2, f2) = sequence(target), sequence(target, seed=4)
+    anchors = torch.tensor([[3, 40, 17, 9], [44, 0, 25, 12]])
+    both = d(torch.cat([t1, t2]), torch.cat([f1, f2]), anchors)
+    for i, (tok, f) in enumerate([(t1, f1), (t2, f2)]):
+        alone = d(tok, f, torch.arange(0, 45)[None])[0]
+        torch.testing.assert_close(both[i], alone[anchors[i]], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("memory", ["decayed-linear", "prefix-slots"])

@@ -123,6 +123,10 @@ def test_runs_of_other_settings_train_beside_each_other_on_the_same_data(model_f
             "--keep-work"]
     assert main([*base, "--out", str(tmp_path / "a")]) == 0
     assert main([*base, "--out", str(tmp_path / "b"), "--prompt-anchors", "0.5"]) == 0
+    # another shape must not resume (or fail on) the first run's checkpoint
+    assert main([*base, "--out", str(tmp_path / "c"), "--layers", "2"]) == 0
     (data_dir,) = (tmp_path / "w").glob("data-*")
     runs = sorted(p.name for p in data_dir.glob("train-*"))
-    assert runs == ["train-hyflash-s3-b2-a4", "train-hyflash-s3-b2-a4-pa0.5"]
+    assert runs == ["train-hyflash-L1-h4-B4-w8-s3-b2-a4",
+                    "train-hyflash-L1-h4-B4-w8-s3-b2-a4-pa0.5",
+                    "train-hyflash-h4-B4-w8-s3-b2-a4"]  # 2 layers: the default, not named

@@ -225,7 +225,7 @@ def corpus(tmp_path_factory):
     return f
 
 
-RUN = "train-hyflash-s3-b2-a4"  # small_run's training run: its non-default settings named
+RUN = "train-hyflash-L1-h4-B4-w8-s3-b2-a4"  # small_run's run: its non-default settings named
 
 
 def small_run(model_folder, data, out, *extra) -> list[str]:

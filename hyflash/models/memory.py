@@ -128,12 +128,20 @@ class PrefixSlots(DecayedState):
         self.slot_k = nn.Parameter(torch.randn(heads, slots, head_dim) * head_dim ** -0.5)
 
     def slots_parallel(self, k: torch.Tensor, v: torch.Tensor, age: torch.Tensor):
-        """k/v [N,H,K,hd], age [N,A,K] per anchor -> slot keys, values [N,H,A*M,hd]."""
+        """k/v [N,H,K,hd], age [N,A,K] per anchor -> slot keys, values [N,H,A,M,hd]: what
+        ``read_parallel`` gives the M slot queries of every anchor, without its [A*M, K]
+        weights. The slot queries are the same for every anchor and only the decay differs,
+        so the weights factor as phi(q_m).phi(k_j) [M, K] times decay [A, K]."""
         n, a = age.shape[:2]
         h, m, d = self.slot_q.shape
-        q = self.slot_q[None, :, None].expand(n, h, a, m, d).reshape(n, h, a * m, d)
-        vals = self.read_parallel(q, k, v, age.repeat_interleave(m, dim=1))
-        keys = self.slot_k[None, :, None].expand(n, h, a, m, d).reshape(n, h, a * m, d)
+        w = phi(self.slot_q)[None] @ phi(k).transpose(-1, -2)  # [N, H, M, K]
+        decay = torch.exp(age.clamp(min=0).unsqueeze(1) * self.log_decay()[:, None, None])
+        decay = (decay * (age >= 0).unsqueeze(1)).to(w.dtype)  # [N, H, A, K]
+        wv = (w.unsqueeze(-1) * v.unsqueeze(2)).transpose(2, 3).flatten(3)  # [N, H, K, M*hd]
+        num = (decay @ wv).view(n, h, a, m, d)
+        den = (decay @ w.transpose(-1, -2)).unsqueeze(-1)  # [N, H, A, M, 1]
+        vals = num / (den + EPS)
+        keys = self.slot_k[None, :, None].expand(n, h, a, m, d)
         return keys, vals
 
     def slots_state(self, S: torch.Tensor, z: torch.Tensor):

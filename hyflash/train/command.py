@@ -52,6 +52,18 @@ def run_suffix(spec) -> str:
         "-bf16" if spec.precision != base.precision else "")
 
 
+SHAPE_TAGS = {"layers": "L", "heads": "h", "block_size": "B", "window": "w"}
+
+
+def shape_suffix(args: argparse.Namespace) -> str:
+    """The drafter's shape settings that differ from the defaults, for the run folder's
+    name: a run of another shape on the same data must not resume this one's checkpoint."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return "".join(f"-{tag}{getattr(args, k)}" for k, tag in SHAPE_TAGS.items()
+                   if getattr(args, k) != p.get_default(k))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True,
                    help="the target: a Hugging Face model folder, a .gguf file, a hub id, "
@@ -252,7 +264,7 @@ def run_on(args: argparse.Namespace, d) -> int:
                                                d.sum(torch.from_numpy(prompt)).numpy(),
                                                args.draft_vocab))
     run_name = f"train-{args.arch}" + (f"-dv{args.draft_vocab}" if args.draft_vocab else "")
-    run_name += run_suffix(train_spec)
+    run_name += shape_suffix(args) + run_suffix(train_spec)
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
     report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet,
