@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hyflash.models import pocket
+from hyflash.models.folders import read_hf_config
 from hyflash.models.target import Target, TargetConfig
 from hyflash.train import data as data_now
 
@@ -44,10 +46,7 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                     head_dim=64, max_seq_len=4096, rms_norm_eps=1e-5, rope_theta=100000.0,
                     tie_word_embeddings=True, model_type="llama")
-POCKET = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=6,
-              num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_seq_len=2048,
-              rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-              model_type="llama")
+POCKET = TargetConfig.from_hf(read_hf_config(pocket.path())).to_dict()  # the shipped model's
 SHAPES = {"smollm2": SMOLLM2_135M, "pocket": POCKET}
 TITLES = {"smollm2": "SmolLM2-135M shape", "pocket": "pocket model shape"}
 
