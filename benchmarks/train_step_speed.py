@@ -35,6 +35,8 @@ def worker(arch: str, layers: int, steps: int, threads: int) -> dict:
     from hyflash.models import pocket
     from hyflash.models.drafter import Drafter
     from hyflash.models.target import Target
+    from hyflash.train.features import autocast
+    from hyflash.train.loop import block_loss, position_weights
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -45,14 +47,13 @@ def worker(arch: str, layers: int, steps: int, threads: int) -> dict:
     feats = torch.randn(n, t, d.cfg.feature_size)
     anchors = torch.randint(0, t - bsz, (n, a))
     labels = torch.randint(0, target.cfg.vocab_size, (n, a, bsz - 1))
+    weights = position_weights(bsz, 4.0)  # the recipe's gamma
     opt = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=1e-3)
     times = []
     for _ in range(steps + 1):  # the first step warms up and is not counted
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = d(tokens, feats, anchors)
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 2).float(),
-                                                     labels.flatten())
+        with autocast("bfloat16", "cpu"):  # the loss and arithmetic of hyflash train's step
+            loss, _ = block_loss(d(tokens, feats, anchors), labels, weights)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
