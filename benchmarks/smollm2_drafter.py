@@ -37,15 +37,22 @@ from hyflash.models.gguf import cache_root
 HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
 SEQUENCES, SHARD = 4096, 128  # the committed tokens: 32 shards of 128 continuations
-DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32",
-        "--feature-precision", "bfloat16"]  # features 1.7x faster (AMX), within ~1%
+DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32"]
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
-         "--eval-every", "100", "--keep", "best",  # val.jsonl: does the full data overfit?
-         "--precision", "bfloat16"]  # ~1.6x faster steps (AMX), float32 weights
+         "--eval-every", "100", "--keep", "best"]  # val.jsonl: does the full data overfit?
 
 
-def recipe(sequences: int, steps: int) -> list[str]:
-    return [*DATA, "--sequences", str(sequences), *TRAIN, "--steps", str(steps)]
+def precision() -> str:
+    """bfloat16 where the CPU has it (features 1.7x faster with AMX, within ~1%; steps ~1.6x,
+    float32 weights), float32 where torch would emulate it (~50x slower)."""
+    from hyflash.train.features import cpu_has_fast_bf16
+
+    return "bfloat16" if cpu_has_fast_bf16() else "float32"
+
+
+def recipe(sequences: int, steps: int, arithmetic: str = "bfloat16") -> list[str]:
+    return [*DATA, "--feature-precision", arithmetic, "--sequences", str(sequences), *TRAIN,
+            "--precision", arithmetic, "--steps", str(steps)]
 
 
 def gguf() -> Path:
@@ -54,7 +61,8 @@ def gguf() -> Path:
     return Path(out)
 
 
-def folders(target: Path, work: Path, sequences: int) -> tuple[Path, Path]:
+def folders(target: Path, work: Path, sequences: int,
+            arithmetic: str = "bfloat16") -> tuple[Path, Path]:
     """(the data folder with cached features, the tokens-only folder) of the recipe."""
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.train import command
@@ -62,7 +70,8 @@ def folders(target: Path, work: Path, sequences: int) -> tuple[Path, Path]:
 
     p = argparse.ArgumentParser()
     command.add_arguments(p)
-    args = p.parse_args([*recipe(sequences, 1), "--target", str(target), "--out", "unused"])
+    args = p.parse_args([*recipe(sequences, 1, arithmetic), "--target", str(target),
+                         "--out", "unused"])
     folder = resolve_model_folder(str(target))
     t = Target.from_pretrained(folder, max_seq_len=args.max_seq_len)
     spec = command.data_spec(args, t.cfg.max_seq_len)
@@ -127,13 +136,15 @@ def main() -> None:
                     help=f"continuations to train on: a multiple of {SHARD} up to {SEQUENCES} "
                          "is restored from the committed tokens (default: all)")
     ap.add_argument("--steps", type=int, default=1500, help="training steps")
+    ap.add_argument("--layers", type=int, default=2, help="drafter layers")
     args = ap.parse_args()
     if args.sequences % SHARD or not 0 < args.sequences <= SEQUENCES:
         ap.error(f"--sequences must be a multiple of {SHARD} in {SHARD}..{SEQUENCES}, "
                  f"not {args.sequences}")
 
     target = gguf()
-    cached, tokens = folders(target, args.work, args.sequences)
+    arithmetic = precision()
+    cached, tokens = folders(target, args.work, args.sequences, arithmetic)
     if args.save_tokens:
         save_tokens(cached, tokens.name)
         return
@@ -141,7 +152,7 @@ def main() -> None:
     restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
-           *recipe(args.sequences, args.steps)]
+           *recipe(args.sequences, args.steps, arithmetic), "--layers", str(args.layers)]
     if args.data_only:
         cmd.append("--data-only")
     if args.nproc > 1:

@@ -103,6 +103,40 @@ def test_native_plain_decoding_equals_the_python_engines(hyflash_run, fp32_bundl
     assert out["stats"]["tau"] == 1.0 and out["stats"]["drafter_calls"] == 0
 
 
+@pytest.mark.parametrize("with_drafter", [True, False], ids=["lookup+drafter", "lookup-only"])
+def test_native_context_lookup_equals_the_python_engines(hyflash_run, fp32_bundle, python_pair,
+                                                         with_drafter):
+    """--lookup copies drafts from the context as runtime/lookup.py does: same tokens, same
+    rounds drafted by lookup, same acceptance (the prompt repeats, so copies are found)."""
+    from hyflash.runtime.lookup import ContextLookup
+
+    _, target, drafter, eos = python_pair
+    ids = (load_tokenizer(fp32_bundle)(PROMPTS[1]).input_ids * 3)[:60]
+    lookup = ContextLookup(block_size=drafter.block_size)
+    want = SpeculativeEngine(target, drafter if with_drafter else None, lookup).generate(
+        ids, max_new_tokens=40, eos_ids=eos)
+    out = native(hyflash_run, fp32_bundle, ids, 40, "--lookup",
+                 *([] if with_drafter else ["--no-draft"]))
+    same_run(out, want)
+    assert out["stats"]["lookup_rounds"] == want.stats.lookup_rounds > 0
+    assert out["stats"]["block_size"] == drafter.block_size
+
+
+def test_native_adaptive_gate_is_lossless_and_accounts_for_every_round(hyflash_run,
+                                                                      fp32_bundle):
+    """--adaptive picks lookup, drafter or a plain decode per round by measured rate: the
+    tokens stay plain decoding's, and every round is one of the three."""
+    ids = load_tokenizer(fp32_bundle)(PROMPTS[1]).input_ids * 2
+    plain = native(hyflash_run, fp32_bundle, ids, 48, "--no-draft", "--ignore-eos")
+    out = native(hyflash_run, fp32_bundle, ids, 48, "--lookup", "--adaptive", "--ignore-eos",
+                 "--repeat", "3")  # the CLI checks the three runs decode the same tokens
+    assert out["tokens"] == plain["tokens"]
+    for s in out["runs"]:
+        assert s["lookup_rounds"] + s["plain_rounds"] + s["drafter_calls"] == s["rounds"]
+    first = out["runs"][0]  # the gate's warm-up tries each proposer; later runs learned
+    assert min(first["lookup_rounds"], first["plain_rounds"], first["drafter_calls"]) > 0
+
+
 def test_plain_text_output_names_tau_and_speed(hyflash_run, fp32_bundle):
     done = run(hyflash_run, fp32_bundle, "--prompt-ids", "534,1087,63", "--max-new-tokens", 8)
     assert done.returncode == 0, done.stderr

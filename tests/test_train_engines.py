@@ -193,6 +193,20 @@ def test_feature_precision_names_the_cached_folder_but_not_the_tokens(tmp_path, 
     assert fp[0] != bf[0] and fp[1] == bf[1]
 
 
+@pytest.mark.parametrize("flags, fast", [("fpu avx2 fma", False), ("avx512f avx512_bf16", True),
+                                         ("avx512f amx_tile amx_bf16 amx_int8", True),
+                                         ("avx512f avx512_bf16x", False)])
+def test_bf16_hardware_is_read_off_the_cpu_flags(tmp_path, flags, fast):
+    """--precision / --feature-precision bfloat16 on a CPU without bf16 hardware gets a note
+    (torch emulates it there, ~50x slower): that check reads the CPU's flags."""
+    from hyflash.train.features import cpu_has_fast_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert cpu_has_fast_bf16(info) is fast
+    assert cpu_has_fast_bf16(tmp_path / "absent") is True
+
+
 def test_bf16_features_with_recomputed_features_is_one_line(model_folder, tmp_path, capsys):
     assert main(["train", "--target", str(model_folder), "--data", "stdlib", "--out",
                  str(tmp_path / "d"), "--features", "recompute", "--gen-len", "16",

@@ -3,7 +3,9 @@
 It runs an ExecuTorch bundle's program with the loop in C++ and takes token ids, so it
 gets the same prompts as every other system. Per prompt and mode one process with
 ``--repeat 2 --ignore-eos --json``: the first run is the warm-up, the second is timed
-(its ``total_s``, prefill included, as the Python engine times a generate call).
+(its ``total_s``, prefill included, as the Python engine times a generate call). The
+modes are the Python engine's (``worker.py``): plain, speculative, lookup (copied drafts
+only), speculative+lookup and adaptive (the rate gate), by hyflash-run's flags.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from hyflash.bench.systems import Skipped, System
 
 BINARY = Path(__file__).resolve().parents[2] / "build" / "native" / "hyflash-run"
+MODES = (("plain", ["--no-draft"]), ("speculative", []), ("lookup", ["--lookup", "--no-draft"]),
+         ("speculative+lookup", ["--lookup"]), ("adaptive", ["--lookup", "--adaptive"]))
 
 
 def native_system(bundle: Path, quant: str) -> System | Skipped:
@@ -27,7 +31,7 @@ def native_system(bundle: Path, quant: str) -> System | Skipped:
 
 def run_native(system: System, prompts: list[list[int]], new: int, threads: int) -> dict:
     modes, peak = {}, 0.0
-    for mode, flags in (("plain", ["--no-draft"]), ("speculative", [])):
+    for mode, flags in MODES:
         tokens, seconds, rounds, accepted = [], [], 0, 0
         proposed = taken = None
         for ids in prompts:
@@ -50,7 +54,7 @@ def run_native(system: System, prompts: list[list[int]], new: int, threads: int)
                                                                              strict=True)]
                 taken = a if taken is None else [x + y for x, y in zip(taken, a, strict=True)]
         modes[mode] = {"tokens": tokens, "seconds": seconds}
-        if mode == "speculative" and rounds:
+        if mode != "plain" and rounds:
             modes[mode]["tau"] = (accepted + rounds) / rounds
             modes[mode]["acceptance"] = [a / n if n else None
                                          for a, n in zip(taken, proposed, strict=True)]

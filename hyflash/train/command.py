@@ -119,7 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compute precision of the pass that computes cached features: "
                         "float32 (default: the features decoding computes) or bfloat16 "
                         "(continuations still decoded at float32, features then from one "
-                        "bf16 causal pass; 1.7x faster here (AMX), features within ~1%%)")
+                        "bf16 causal pass; 1.7x faster with AMX, features within ~1%%; "
+                        "~50x slower on a CPU without bf16 hardware: `hyflash train` says so)")
     g.add_argument("--features", choices=FEATURE_MODES, default=FEATURE_MODES[0],
                    help="the target's features: cached with the data, or recomputed by the "
                         "frozen target in every training step; auto (default) recomputes "
@@ -148,8 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "validated ones (needs --eval-every; for a run that overfits)")
     g.add_argument("--precision", choices=PRECISIONS, default=PRECISIONS[0],
                    help="the drafter's training arithmetic: float32 (default) or bfloat16 "
-                        "autocast (float32 weights and optimizer; ~1.6x faster steps here "
-                        "with AMX)")
+                        "autocast (float32 weights and optimizer; ~1.6x faster steps with "
+                        "AMX, far slower on a CPU without bf16 hardware)")
     g.add_argument("--seed", type=nonneg_int, default=0,
                    help="seeds the drafter's initial weights, the prompts and the batches")
     g.add_argument("--threads", type=threads, default=None,
@@ -196,7 +197,7 @@ def run_on(args: argparse.Namespace, d) -> int:
     from hyflash.train.corpus import corpus_digest, read_corpus
     from hyflash.train.data import DistillSet, check_tokenizer
     from hyflash.train.engines import check_engine
-    from hyflash.train.features import choose
+    from hyflash.train.features import choose, cpu_has_fast_bf16
     from hyflash.train.folders import check_out, check_work, claim_work, finish_work
     from hyflash.train.lanes import check_world, rank_shards
     from hyflash.train.loop import TrainSpec, train
@@ -236,6 +237,12 @@ def run_on(args: argparse.Namespace, d) -> int:
     mine = rank_shards(d.rank, d.world, spec.shards, lanes)
     recompute, why = choose(args.features, spec, target.cfg.feature_size)
     say(why)
+    slow = [f"--{k} bfloat16" for k, v in (("precision", args.precision),
+                                           ("feature-precision", args.feature_precision))
+            if v == "bfloat16"]
+    if slow and d.device.type == "cpu" and not cpu_has_fast_bf16():
+        say(f"note: {' and '.join(slow)} on a CPU without AVX512-BF16 or AMX: torch emulates "
+            "bf16 matmuls here, ~50x slower than float32; float32 is faster on this machine")
     if recompute and args.feature_precision != PRECISIONS[0]:
         raise HyflashError(f"--feature-precision {args.feature_precision} applies to cached "
                            "features; these are recomputed in each training step (float32)")

@@ -1,7 +1,7 @@
 // hyflash-run: greedy speculative decoding of an ExecuTorch bundle from token ids, in C++.
 //
 //   hyflash-run BUNDLE --prompt-ids 1,2,3 [--max-new-tokens N] [--threads N] [--no-draft]
-//               [--ignore-eos] [--repeat N] [--json]
+//               [--lookup] [--adaptive] [--ignore-eos] [--repeat N] [--json]
 //
 // Prints the new token ids and the stats (tau, acceptance by position, tokens/s) as a table
 // or, with --json, one JSON object. Tokenisation stays in Python (`hyflash generate`);
@@ -24,7 +24,8 @@ namespace {
 
 const char* const kUsage =
     "usage: hyflash-run BUNDLE --prompt-ids 1,2,3 [--max-new-tokens N] [--threads N]\n"
-    "                   [--no-draft] [--ignore-eos] [--repeat N] [--json]\n"
+    "                   [--no-draft] [--lookup] [--adaptive] [--ignore-eos] [--repeat N]\n"
+    "                   [--json]\n"
     "\n"
     "Greedy speculative decoding of an ExecuTorch bundle (`hyflash export --backend\n"
     "executorch`) through ExecuTorch's C++ Module API: the phone's loop on the desktop.\n"
@@ -33,7 +34,12 @@ const char* const kUsage =
     "  --prompt-ids IDS    the prompt's token ids, comma-separated\n"
     "  --max-new-tokens N  new tokens at most (default 128)\n"
     "  --threads N         XNNPACK threads (default 1; capped at the machine's cores)\n"
-    "  --no-draft          plain decoding with the target alone\n"
+    "  --no-draft          no drafter: plain decoding (with --lookup: copied drafts only)\n"
+    "  --lookup            draft by copying from the context where its last 3..1 tokens\n"
+    "                      occurred before, the drafter elsewhere (lossless)\n"
+    "  --adaptive          each round, take whichever of the lookup (with --lookup), the\n"
+    "                      drafter and a plain decode has committed the most tokens per\n"
+    "                      second so far (measured; still lossless)\n"
     "  --ignore-eos        do not stop at the target's end-of-sequence ids\n"
     "  --repeat N          generate N times (the program loaded once); stats of each run\n"
     "  --json              one JSON object: tokens, stats (first run), runs (every run)\n";
@@ -43,7 +49,7 @@ struct Args {
   std::vector<int64_t> prompt;
   bool has_prompt = false;
   int64_t max_new_tokens = 128, threads = 1, repeat = 1;
-  bool no_draft = false, ignore_eos = false, json = false;
+  bool no_draft = false, lookup = false, adaptive = false, ignore_eos = false, json = false;
 };
 
 int64_t positive(const std::string& flag, const std::string& text) {
@@ -104,6 +110,10 @@ Args parse(int argc, char** argv) {
       a.repeat = positive(arg, value(i, arg));
     } else if (arg == "--no-draft") {
       a.no_draft = true;
+    } else if (arg == "--lookup") {
+      a.lookup = true;
+    } else if (arg == "--adaptive") {
+      a.adaptive = true;
     } else if (arg == "--ignore-eos") {
       a.ignore_eos = true;
     } else if (arg == "--json") {
@@ -137,7 +147,10 @@ int run(const Args& a) {
   hyflash::Program program(hyflash::read_manifest(a.bundle), int(a.threads));
   hyflash::ExecuTorchTarget target(program);
   hyflash::ExecuTorchDrafter drafter(program);
-  hyflash::Engine engine(target, a.no_draft ? nullptr : &drafter);
+  hyflash::ContextLookup lookup(3, 1, drafter.block_size());
+  hyflash::RateGate gate;
+  hyflash::Engine engine(target, a.no_draft ? nullptr : &drafter, a.lookup ? &lookup : nullptr,
+                         a.adaptive ? &gate : nullptr);
   std::vector<int64_t> eos;
   if (!a.ignore_eos) eos = program.manifest().eos_ids;
 

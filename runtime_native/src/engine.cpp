@@ -42,9 +42,14 @@ int64_t distribution_rows(const float* x, int64_t rows, int64_t n) {
   return rows;
 }
 
-Engine::Engine(TargetBackend& target, DrafterBackend* drafter)
-    : target_(target), drafter_(drafter) {
+Engine::Engine(TargetBackend& target, DrafterBackend* drafter, ContextLookup* lookup,
+               RateGate* gate)
+    : target_(target), drafter_(drafter), lookup_(lookup), gate_(gate) {
   if (!drafter) return;
+  if (lookup && lookup->block_size() != drafter->block_size())
+    throw Error("lookup block size " + std::to_string(lookup->block_size()) +
+                " != drafter block size " + std::to_string(drafter->block_size()) +
+                ": one verify pass serves both");
   if (drafter->vocab_size() != target.vocab_size())
     throw Error("drafter vocabulary " + std::to_string(drafter->vocab_size()) +
                 " != target vocabulary " + std::to_string(target.vocab_size()) +
@@ -129,15 +134,32 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, int64_t max_new_
     s.draft_s += since(t);
   }
   emit({argmax(logits_.data() + (int64_t(prompt.size()) - 1) * V, V)});
+  if (lookup_) lookup_->reset(tokens);
+  if (gate_) gate_->reset();
 
   std::vector<int64_t> block;
   while (reason.empty()) {
     const int64_t pos = int64_t(tokens.size()) - 1, anchor = tokens.back();
-    const int64_t r = std::min(B - 1, target_.max_seq_len() - int64_t(tokens.size()) - 1);
+    int64_t r = std::min(B - 1, target_.max_seq_len() - int64_t(tokens.size()) - 1);
 
-    // draft
+    // draft: copied from the context if the lookup finds a match, else the drafter's (or
+    // whichever of them and a plain decode the gate finds pays most)
+    const std::vector<int64_t> copied =
+        lookup_ && r > 0 ? lookup_->propose(r) : std::vector<int64_t>();
+    std::vector<Proposer> available;
+    if (!copied.empty()) available.push_back(Proposer::lookup);
+    if (r > 0 && drafter_) available.push_back(Proposer::drafter);
+    available.push_back(Proposer::plain);
+    const Proposer choice = gate_ ? gate_->choose(available) : available[0];
+    const auto round_start = Clock::now();
     block.assign(1, anchor);
-    if (r > 0) {
+    if (choice == Proposer::plain) {
+      r = 0;
+      if (gate_) s.plain_rounds += 1;
+    } else if (choice == Proposer::lookup) {
+      s.lookup_rounds += 1;
+      block.insert(block.end(), copied.begin(), copied.end());
+    } else {
       t = Clock::now();
       const std::vector<float>& q = drafter_->draft(anchor, pos);
       if (int64_t(q.size()) != (B - 1) * V)
@@ -156,6 +178,7 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, int64_t max_new_
     s.verify_s += since(t);
     s.target_calls += 1;
     s.rounds += 1;
+    const double round_s = since(round_start);
 
     // accept: the longest prefix equal to the target's argmax, then its bonus token
     const int64_t drafted = int64_t(block.size()) - 1;
@@ -170,6 +193,8 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, int64_t max_new_
     std::vector<int64_t> keep(block.begin() + 1, block.begin() + 1 + k);
     keep.push_back(bonus);
     const int64_t n = emit(keep);
+    if (gate_) gate_->record(choice, k + 1, round_s);
+    if (lookup_) lookup_->extend(std::vector<int64_t>(tokens.end() - n, tokens.end()));
 
     // commit the verified features (anchor + accepted drafts that were emitted)
     if (drafter_) {

@@ -7,12 +7,17 @@
 // and the accepted drafts (a rejected draft's are dropped, so the drafter state never rolls
 // back) and moves the target's write position back to pos + k + 1. The output equals the
 // target's own greedy decode for any drafter. Without a drafter r is 0: plain decoding.
+// With a ContextLookup a round copies its drafts from the context where the last tokens
+// occurred before (the drafter elsewhere); with a RateGate each round takes whichever of
+// the lookup, the drafter and a plain decode has paid most (engine.py does the same).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "gate.h"
+#include "lookup.h"
 #include "stats.h"
 
 namespace hyflash {
@@ -52,10 +57,14 @@ struct Generation {
 
 class Engine {
  public:
-  // drafter may be null (plain decoding). Throws Error if the pair does not fit.
-  Engine(TargetBackend& target, DrafterBackend* drafter);
+  // drafter, lookup and gate may be null (neither drafter nor lookup: plain decoding).
+  // Throws Error if the pair does not fit or the lookup's block is not the drafter's.
+  Engine(TargetBackend& target, DrafterBackend* drafter, ContextLookup* lookup = nullptr,
+         RateGate* gate = nullptr);
 
-  int64_t block_size() const { return drafter_ ? drafter_->block_size() : 1; }
+  int64_t block_size() const {
+    return drafter_ ? drafter_->block_size() : lookup_ ? lookup_->block_size() : 1;
+  }
 
   // Greedy generation of up to max_new_tokens; stops after a token in eos_ids or when the
   // context is full. on_token (optional) sees each token as it commits. The prompt is
@@ -69,6 +78,8 @@ class Engine {
 
   TargetBackend& target_;
   DrafterBackend* drafter_;
+  ContextLookup* lookup_;
+  RateGate* gate_;
   std::vector<float> logits_, features_;
 };
 

@@ -56,6 +56,7 @@ std::string stats_json(const Stats& s) {
     << ", \"target_calls\": " << s.target_calls << ", \"drafter_calls\": " << s.drafter_calls
     << ", \"accepted_drafts\": " << s.accepted_drafts
     << ", \"dropped_draft_rows\": " << s.dropped_draft_rows
+    << ", \"lookup_rounds\": " << s.lookup_rounds << ", \"plain_rounds\": " << s.plain_rounds
     << ", \"position_proposed\": " << list(s.position_proposed)
     << ", \"position_accepted\": " << list(s.position_accepted)
     << ", \"tau\": " << num(s.tau()) << ", \"acceptance_rates\": " << list(s.acceptance_rates())
@@ -86,6 +87,14 @@ std::string stats_table(const Stats& s) {
       {"target calls", std::to_string(s.target_calls) + " (1 prefill + " +
                            std::to_string(s.rounds) + (spec ? " verify)" : " decode)")},
       {"drafter calls", std::to_string(s.drafter_calls)},
+  };
+  if (s.lookup_rounds)
+    rows.push_back({"rounds drafted by lookup",
+                    std::to_string(s.lookup_rounds) + " of " + std::to_string(s.rounds)});
+  if (s.plain_rounds)
+    rows.push_back({"rounds decoded plain by the gate",
+                    std::to_string(s.plain_rounds) + " of " + std::to_string(s.rounds)});
+  std::vector<std::pair<std::string, std::string>> times = {
       {"prefill", pct(s.prefill_s)},
       {"drafting", pct(s.draft_s)},
       {spec ? "verifying" : "decoding", pct(s.verify_s)},
@@ -94,6 +103,7 @@ std::string stats_table(const Stats& s) {
       {"tokens/s", std::isnan(s.tokens_per_s()) ? "-" : fixed(s.tokens_per_s(), 1)},
       {"peak RSS", fixed(s.peak_rss_mib, 0) + " MiB"},
   };
+  rows.insert(rows.end(), times.begin(), times.end());
   size_t width = 0;
   for (const auto& row : rows) width = std::max(width, row.first.size());
   std::string out;

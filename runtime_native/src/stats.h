@@ -18,6 +18,8 @@ struct Stats {
   int64_t drafter_calls = 0;
   int64_t accepted_drafts = 0;
   int64_t dropped_draft_rows = 0;  // draft rows that were no distribution
+  int64_t lookup_rounds = 0;       // rounds whose drafts were copied from the context
+  int64_t plain_rounds = 0;        // rounds a rate gate decoded without drafts
   std::vector<int64_t> position_proposed, position_accepted;
   double prefill_s = 0, draft_s = 0, verify_s = 0, total_s = 0;
   double peak_rss_mib = 0;
