@@ -6,9 +6,11 @@ The recipe is fixed here (DATA, TRAIN). Its expensive part is the self-distillat
 1.6M tokens through a 135M-parameter fp32 target on this CPU. A session of this machine
 ends before that and the next starts on a fresh disk, so the tokens travel in the
 repository (a few MB, ``benchmarks/distill/``); the features and greedy labels (GBs) are
-recomputed from them by ``hyflash train`` (one bf16 causal pass per batch, no decoding:
-40 min for all 32 shards with ``--nproc 2`` here, 62 min at float32; training then takes
-about 0.8 s a step, 25 min with its validations). ``--sequences N`` (a multiple of
+recomputed from them by ``hyflash train`` (one causal pass per batch, no decoding). Where
+the CPU has bf16 hardware (a Xeon with AMX) the pass and the steps run in bf16: 40 min
+for all 32 shards with ``--nproc 2`` (62 min at float32), then about 0.8 s a step, 25 min
+with its validations. Without it (an AVX2-only EPYC) they run in float32: 45 min for 16
+shards, 3.2 s a 3-layer step. ``--sequences N`` (a multiple of
 128) trains on the first N/128 of those shards, which are exactly the data of a run of N
 continuations (a shard depends only on the seed and its number).
 
@@ -50,7 +52,7 @@ def precision() -> str:
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
 
 
-def recipe(sequences: int, steps: int, arithmetic: str = "bfloat16") -> list[str]:
+def recipe(sequences: int, steps: int, arithmetic: str) -> list[str]:
     return [*DATA, "--feature-precision", arithmetic, "--sequences", str(sequences), *TRAIN,
             "--precision", arithmetic, "--steps", str(steps)]
 
@@ -61,8 +63,7 @@ def gguf() -> Path:
     return Path(out)
 
 
-def folders(target: Path, work: Path, sequences: int,
-            arithmetic: str = "bfloat16") -> tuple[Path, Path]:
+def folders(target: Path, work: Path, sequences: int, arithmetic: str) -> tuple[Path, Path]:
     """(the data folder with cached features, the tokens-only folder) of the recipe."""
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.train import command
@@ -148,7 +149,7 @@ def main() -> None:
     if args.save_tokens:
         save_tokens(cached, tokens.name)
         return
-    committed = folders(target, args.work, SEQUENCES)[1].name
+    committed = folders(target, args.work, SEQUENCES, arithmetic)[1].name
     restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
