@@ -23,8 +23,9 @@ continuations (a shard depends only on the seed and its number).
     python benchmarks/smollm2_drafter.py --ship       # the drafter in --out -> benchmarks/drafters/
                                                       # smollm2-hyflash in float16 (then commit)
 
-The drafter lands in --out (default: the hyflash cache, runs/smollm2-hyflash), where
-``hyflash bench --suite smollm2`` and ``benchmarks/backend_simulate.py`` look for it.
+The drafter lands in --out (default: the hyflash cache, runs/smollm2-hyflash); ``--ship``
+copies it in float16 to benchmarks/drafters/smollm2-hyflash, the copy the repository holds
+and ``make bench-smollm2`` passes to ``hyflash bench --suite smollm2 --drafter``.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def ship(trained: Path, dest: Path = SHIPPED) -> None:
     half = {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(trained / "config.json", dest / "config.json")
-    save_file({k: v.contiguous() for k, v in half.items()}, dest / "model.safetensors")
+    save_file(half, dest / "model.safetensors")  # .half() and load_file give contiguous tensors
     size = (dest / "model.safetensors").stat().st_size / 2**20
     print(f"{dest}: {size:.1f} MiB ({sum(v.numel() for v in half.values()):,} values, "
           f"{sum(v.dtype == torch.float16 for v in half.values())} float16 tensors)")

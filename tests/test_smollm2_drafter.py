@@ -3,7 +3,6 @@
 target of SmolLM2's published shape and drafts a block. The GGUF itself is not needed (no
 test downloads it): the shape comes from the budget's preset of the same model."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,8 @@ def test_shipped_folder_is_small_float16_and_trained():
 def smollm2_shaped_target():
     torch.manual_seed(0)
     hf = presets()["smollm2-135m"]["config"]
-    cfg = TargetConfig.from_hf(hf, max_seq_len=json.loads(
-        (SHIPPED / "config.json").read_text())["config"]["max_seq_len"])
-    with torch.device("cpu"):
-        return Target(cfg).eval()
+    cfg = TargetConfig.from_hf(hf, max_seq_len=read_drafter_config(SHIPPED)[1].max_seq_len)
+    return Target(cfg).eval()
 
 
 def test_loads_onto_smollm2_shape_and_drafts_a_block(smollm2_shaped_target):
