@@ -12,7 +12,9 @@ for all 32 shards with ``--nproc 2`` (62 min at float32), then about 0.8 s a ste
 with its validations. Without it (an AVX2-only EPYC) they run in float32: 45 min for 16
 shards, 3.2 s a 3-layer step. ``--sequences N`` (a multiple of
 128) trains on the first N/128 of those shards, which are exactly the data of a run of N
-continuations (a shard depends only on the seed and its number).
+continuations (a shard depends only on the seed and its number). A larger N decodes
+only the shards beyond the committed ones: ``hyflash train`` links the shards of a
+finished run of fewer continuations in the same --work (``command.grown_from``).
 
     python benchmarks/smollm2_drafter.py              # restore tokens, generate/train, resume
     python benchmarks/smollm2_drafter.py --sequences 1024 --steps 1000   # a smaller run
@@ -125,8 +127,9 @@ def ship(trained: Path, dest: Path = SHIPPED) -> None:
 
 
 def restore_tokens(work: Path, tokens_name: str, committed_name: str, sequences: int) -> None:
-    """The committed tokens -> this run's tokens-only folder: all of them, or for a
-    smaller run its first sequences/SHARD shards under that run's spec."""
+    """The committed tokens -> this run's tokens-only folder: all of them, or the first
+    sequences/SHARD shards for a smaller run, under that run's spec (a larger run decodes
+    the shards beyond them)."""
     from hyflash.train.folders import claim_work
     from hyflash.train.shards import shard_path
 
@@ -138,7 +141,7 @@ def restore_tokens(work: Path, tokens_name: str, committed_name: str, sequences:
     dest.mkdir(exist_ok=True)
     spec = json.loads((src / "spec.json").read_text())
     (dest / "spec.json").write_text(json.dumps({**spec, "sequences": sequences}, indent=1))
-    for s in range(sequences // SHARD):
+    for s in range(min(sequences, spec["sequences"]) // SHARD):
         f = shard_path(src, s)
         if f.exists() and not (dest / f.name).exists():
             shutil.copy(f, dest / f.name)
@@ -160,14 +163,14 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=1, help="processes (torchrun when > 1)")
     ap.add_argument("--threads", type=int, default=1, help="threads per process")
     ap.add_argument("--sequences", type=int, default=SEQUENCES,
-                    help=f"continuations to train on: a multiple of {SHARD} up to {SEQUENCES} "
-                         "is restored from the committed tokens (default: all)")
+                    help=f"continuations to train on, a multiple of {SHARD} (default "
+                         f"{SEQUENCES}): the first {SEQUENCES} are restored from the committed "
+                         "tokens, more are decoded; a finished run of fewer lends its shards")
     ap.add_argument("--steps", type=int, default=1500, help="training steps")
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
     args = ap.parse_args()
-    if args.sequences % SHARD or not 0 < args.sequences <= SEQUENCES:
-        ap.error(f"--sequences must be a multiple of {SHARD} in {SHARD}..{SEQUENCES}, "
-                 f"not {args.sequences}")
+    if args.sequences % SHARD or args.sequences <= 0:
+        ap.error(f"--sequences must be a positive multiple of {SHARD}, not {args.sequences}")
 
     if args.ship:
         ship(args.out)
@@ -178,7 +181,8 @@ def main() -> None:
     if args.save_tokens:
         save_tokens(cached, tokens.name)
         return
-    committed = folders(target, args.work, SEQUENCES, arithmetic)[1].name
+    committed = tokens.name if (TOKENS / tokens.name).is_dir() else \
+        folders(target, args.work, SEQUENCES, arithmetic)[1].name
     restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),

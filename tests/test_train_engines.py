@@ -165,6 +165,74 @@ def test_features_are_computed_for_tokens_generated_earlier(tmp_path, target, st
 
 
 
+class Counting(engines.HyflashEngine):
+    """hyflash's engine, counting the batches it decodes."""
+
+    calls = 0
+
+    def continue_batch(self, *args, **kwargs):
+        self.calls += 1
+        return super().continue_batch(*args, **kwargs)
+
+
+def test_growing_the_data_decodes_only_the_new_shards(tmp_path, target, stream):
+    """A run of 12 sequences beside a finished run of 8 (same data otherwise) links the
+    smaller run's full shards and decodes only its third: the result equals a fresh run of
+    12. A shard the smaller run holds only in part (6 sequences: 2 of 4) is generated."""
+    from dataclasses import replace
+
+    small = generate_dataset(target, stream, SPEC, tmp_path / "small", progress=False)
+    part = generate_dataset(target, stream, replace(SPEC, sequences=6), tmp_path / "part",
+                            progress=False)
+    big = replace(SPEC, sequences=12)
+    fresh = generate_dataset(target, stream, big, tmp_path / "fresh", progress=False)
+    engine = Counting(target)
+    grown = generate_dataset(target, stream, big, tmp_path / "grown", progress=False,
+                             engine=engine, grown_from=[part, small])
+    assert engine.calls == 1  # shard 2: one batch of 4
+    for s, source in ((0, part), (1, small)):  # the first folder with the full shard
+        assert (grown / f"shard000{s}.safetensors").stat().st_ino == \
+            (source / f"shard000{s}.safetensors").stat().st_ino
+    a, b = DistillSet(fresh), DistillSet(grown)
+    for i in range(big.sequences):
+        (ta, fa, pa), (tb, fb, pb) = a.get(i), b.get(i)
+        assert torch.equal(ta, tb) and torch.equal(fa, fb) and pa == pb
+        assert torch.equal(a.greedy(i), b.greedy(i))
+    engine = Counting(target)
+    generate_dataset(target, stream, replace(SPEC, sequences=8), tmp_path / "from-part",
+                     progress=False, engine=engine, grown_from=[part])
+    assert engine.calls == 1  # shard 0 linked; shard 1 (2 sequences in part) generated
+
+
+def test_the_folders_of_the_same_data_with_other_sequence_counts_are_found(tmp_path,
+                                                                           model_folder,
+                                                                           target):
+    """``command.grown_from`` picks the folders of this target, corpus and spec but for
+    --sequences, of the same kind (features cached or tokens only), most sequences first;
+    another gen_len, corpus or kind is other data."""
+    import json
+    from dataclasses import asdict, replace
+
+    def folder(spec, corpus="c", kind=0):
+        path = command.folder_names(tmp_path, spec, model_folder, target, corpus,
+                                    "hyflash")[kind]
+        path.mkdir(exist_ok=True)
+        (path / "spec.json").write_text(json.dumps(asdict(spec)))
+        return path
+
+    spec = replace(SPEC, sequences=16)
+    mine = folder(spec)
+    eight, twelve = folder(SPEC), folder(replace(SPEC, sequences=12))
+    folder(replace(SPEC, gen_len=7)), folder(SPEC, corpus="other"), folder(SPEC, kind=1)
+    (tmp_path / "data-torn").mkdir()
+    (tmp_path / "data-torn" / "spec.json").write_text("{")
+    assert command.grown_from(mine, spec, model_folder, target, "c", "hyflash") == \
+        [twelve, eight]
+    tokens_only = folder(spec, kind=1)
+    assert command.grown_from(tokens_only, spec, model_folder, target, "c", "hyflash") == \
+        [folder(SPEC, kind=1)]
+
+
 def test_bf16_features_keep_the_tokens_and_stay_close_to_float32(tmp_path, target, stream):
     """--feature-precision bfloat16: the continuations are the float32 ones (decoded at
     float32), the features come from a bf16 pass (close to, not equal to, float32), and

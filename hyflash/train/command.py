@@ -258,8 +258,13 @@ def run_on(args: argparse.Namespace, d) -> int:
     d.barrier()
     t0 = time.time()
     if not (data_dir / "done").exists():
+        grown = grown_from(data_dir, spec, target_path, target, corpus_id, args.engine,
+                           args.feature_precision)
+        if grown:
+            say(f"data: the full shards of {', '.join(p.name for p in grown)} (the same data "
+                "with another --sequences) are linked, not generated again")
         generate(args, d, target, target_path, tokenizer, texts, spec, data_dir, mine,
-                 not recompute, tokens_from)
+                 not recompute, tokens_from, grown)
     target.drop_cache()
     if args.data_only:
         say(f"data ready in {data_dir}; rerun without --data-only to train")
@@ -322,8 +327,39 @@ def folder_names(work: Path, spec, target_path, target, corpus_id: str, engine: 
     return cached, work / f"data-{tokens_key}"
 
 
+def grown_from(data_dir: Path, spec, target_path, target, corpus_id: str, engine: str,
+               feature_precision: str = PRECISIONS[0]) -> list[Path]:
+    """The other data folders in data_dir's work folder that hold this data with another
+    --sequences (same target, corpus and every other setting; the same kind of folder,
+    features cached or tokens only), most sequences first: their full shards are this
+    run's (``data.link_shard``)."""
+    from dataclasses import replace
+
+    from hyflash.train.data import DataSpec
+
+    work = data_dir.parent
+    kind = 0 if data_dir == folder_names(work, spec, target_path, target, corpus_id, engine,
+                                         feature_precision)[0] else 1
+    found = []
+    for path in work.glob("data-*/spec.json"):
+        try:
+            raw = json.loads(path.read_text())
+            other = DataSpec(**{k: tuple(v) if isinstance(v, list) else v
+                                for k, v in raw.items()})
+        except (ValueError, TypeError):
+            continue
+        if other.sequences == spec.sequences or replace(other, sequences=spec.sequences) != spec:
+            continue
+        names = folder_names(work, other, target_path, target, corpus_id, engine,
+                             feature_precision)
+        if path.parent == names[kind]:
+            found.append((other.sequences, path.parent))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
 def generate(args, d, target, target_path, tokenizer, texts, spec, data_dir: Path,
-             mine: list[int], features: bool, tokens_from: Path | None) -> None:
+             mine: list[int], features: bool, tokens_from: Path | None,
+             grown: list[Path]) -> None:
     """Every rank writes its own shards; rank 0 marks the folder done once all have."""
     from hyflash.train.corpus import token_stream
     from hyflash.train.data import generate_dataset
@@ -336,7 +372,8 @@ def generate(args, d, target, target_path, tokenizer, texts, spec, data_dir: Pat
     with d.on_device():
         generate_dataset(target, stream, spec, data_dir, progress=d.main and not args.quiet,
                          engine=engine, shards=mine, features=features,
-                         tokens_from=tokens_from, feature_precision=args.feature_precision)
+                         tokens_from=tokens_from, feature_precision=args.feature_precision,
+                         grown_from=grown)
     target.drop_cache()
     target.to("cpu")
     d.barrier()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -157,10 +159,28 @@ def features_for(target: Target, tokens: list[np.ndarray], batch: int,
     return out, labels
 
 
+def link_shard(folders, out: Path, s: int, size: int) -> bool:
+    """Shard s of the first folder that has it with ``size`` sequences -> out (a hard link,
+    a copy across file systems), atomically; False when none has it."""
+    for folder in folders:
+        src = shard_path(Path(folder), s)
+        if not src.exists() or len(Shard(src)) != size:
+            continue
+        tmp = shard_path(out, s).with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, shard_path(out, s))
+        return True
+    return False
+
+
 def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Path,
                      progress: bool = True, engine=None, shards=None,
                      features: bool = True, tokens_from: Path | None = None,
-                     feature_precision: str = "float32") -> Path:
+                     feature_precision: str = "float32", grown_from=()) -> Path:
     """Write shards of (tokens, features, prompt length) to out; resume where it stopped.
     engine: ``engines.py`` (default: hyflash's, on ``target``); shards: the shard numbers
     to write (default: all; a rank writes its own); features: cache them (else tokens
@@ -169,7 +189,10 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
     shards' tokens are taken as they are and only their features computed (one causal
     pass, no decoding); shards it lacks are generated. feature_precision: float32 takes
     the features decoding computes; bfloat16 decodes at float32 (the continuations are the
-    target's own) and computes every shard's features by one bf16 causal pass."""
+    target's own) and computes every shard's features by one bf16 causal pass. grown_from:
+    folders of the same data with another sequence count (``command.grown_from``): a full
+    shard s there is shard s here (it depends only on the seed and s), so it is linked
+    instead of generated, and growing --sequences costs only the new shards."""
     from tqdm import tqdm
 
     from hyflash.train.engines import HyflashEngine
@@ -192,7 +215,7 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
                dynamic_ncols=True)
     for s in todo:
         size = sizes[s]
-        if shard_exists(out, s):
+        if shard_exists(out, s) or link_shard(grown_from, out, s, size):
             bar.update(size)
             continue
         if features and tokens_from is not None and shard_path(tokens_from, s).exists():
