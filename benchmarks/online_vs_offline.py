@@ -76,10 +76,9 @@ def main(argv=None) -> int:
         engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(drafter))
         g = engine.generate(tokens[:plen].tolist(), max_new_tokens=len(tokens) - plen,
                             temperature=0.0)
-        s = g.stats
         rows.append({"id": i, "prompt": int(plen), "new": len(tokens) - plen,
                      "same_tokens": g.tokens == tokens[plen:].tolist(),
-                     "online_tau": (s.accepted_drafts + s.rounds) / s.rounds,
+                     "online_tau": g.stats.tau,
                      "offline_tau": offline_tau(drafter, tokens, feats, plen)})
         print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -343,9 +343,7 @@ def grown_from(data_dir: Path, spec, target_path, target, corpus_id: str, engine
     found = []
     for path in work.glob("data-*/spec.json"):
         try:
-            raw = json.loads(path.read_text())
-            other = DataSpec(**{k: tuple(v) if isinstance(v, list) else v
-                                for k, v in raw.items()})
+            other = DataSpec.read(path.parent)
         except (ValueError, TypeError):
             continue
         if other.sequences == spec.sequences or replace(other, sequences=spec.sequences) != spec:

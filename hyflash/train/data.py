@@ -54,6 +54,13 @@ class DataSpec:
     def shards(self) -> int:
         return -(-self.sequences // self.shard)
 
+    @classmethod
+    def read(cls, folder: Path) -> DataSpec:
+        """The spec a data folder was written with (its ``spec.json``, as
+        ``generate_dataset`` writes it); ValueError or TypeError if unreadable."""
+        raw = json.loads((folder / "spec.json").read_text())
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
 
 # ------------------------------------------------------------------ tokenizer
 
