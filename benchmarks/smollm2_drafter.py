@@ -22,6 +22,8 @@ finished run of fewer continuations in the same --work (``command.grown_from``).
     python benchmarks/smollm2_drafter.py --save-tokens  # copy finished shards' tokens into
                                                         # benchmarks/distill/ (then commit)
     python benchmarks/smollm2_drafter.py --nproc 2    # two processes (torchrun), one core each
+    python benchmarks/smollm2_drafter.py --heads 9 --init target  # layers start as the
+                                                      # target's last two decoder layers
     python benchmarks/smollm2_drafter.py --ship       # the drafter in --out -> benchmarks/drafters/
                                                       # smollm2-hyflash in float16 (then commit)
 
@@ -168,6 +170,10 @@ def main() -> None:
                          "tokens, more are decoded; a finished run of fewer lends its shards")
     ap.add_argument("--steps", type=int, default=1500, help="training steps")
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
+    ap.add_argument("--heads", type=int, default=8,
+                    help="drafter attention heads (9, the target's, for --init target)")
+    ap.add_argument("--init", choices=("random", "target"), default="random",
+                    help="the drafter's starting weights (hyflash train --init)")
     args = ap.parse_args()
     if args.sequences % SHARD or args.sequences <= 0:
         ap.error(f"--sequences must be a positive multiple of {SHARD}, not {args.sequences}")
@@ -186,7 +192,8 @@ def main() -> None:
     restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
-           *recipe(args.sequences, args.steps, arithmetic), "--layers", str(args.layers)]
+           *recipe(args.sequences, args.steps, arithmetic), "--layers", str(args.layers),
+           "--heads", str(args.heads), "--init", args.init]
     if args.data_only:
         cmd.append("--data-only")
     if args.nproc > 1:

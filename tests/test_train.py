@@ -265,6 +265,20 @@ def test_keep_work_keeps_the_work_folder_and_says_how_big(model_folder, corpus, 
     assert json.loads((out / "config.json").read_text())["training"]["final_train_loss"] == loss
 
 
+def test_target_init_trains_from_the_targets_last_layers_in_a_run_of_its_own(
+        model_folder, corpus, tmp_path, capsys):
+    out = tmp_path / "drafter"
+    assert main(small_run(model_folder, corpus, out, "--keep-work", "--init", "target",
+                          "--steps", "1", "--lr", "1e-9")) == 0
+    assert "init: drafter layers start as target layers [2]" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["training"]["init"] == "target"
+    assert [p.name for p in (tmp_path / "drafter.work").glob("data-*/train-*")] == \
+        ["train-hyflash-L1-h4-B4-w8-s1-b2-a4-lr1e-09-inittarget"]
+    target = Target.from_pretrained(model_folder)
+    mlp = load_drafter(out, target).layers[0].mlp.down_proj.weight  # one step at lr 1e-9
+    torch.testing.assert_close(mlp, target.layers[2].mlp.down_proj.weight)
+
+
 def test_data_only_generates_the_data_and_stops(model_folder, corpus, tmp_path, capsys):
     out = tmp_path / "drafter"
     assert main(small_run(model_folder, corpus, out, "--data-only")) == 0
@@ -484,6 +498,7 @@ def test_train_threads_are_capped_at_the_cores(capsys):
     (["--sequences", "1"], "too few examples"),
     (["--gen-len", "60"], "leaves no room for prompts"),
     (["--keep", "best"], "--keep best needs validations during the run"),
+    (["--init", "target"], "--init target: --heads 8 differs from the target's 4 attention"),
 ])
 def test_train_command_bad_input_is_one_line(model_folder, corpus, tmp_path, capsys, extra,
                                              message):

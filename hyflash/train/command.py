@@ -29,10 +29,11 @@ from hyflash.errors import HyflashError
 # hyflash.models.memory.MEMORY_KINDS, default first; spelled out so that --help does not
 # import torch (tests/test_train.py checks they agree); likewise engines.ENGINES,
 # features.FEATURE_MODES / PRECISIONS and distributed.PARALLEL
-# (tests/test_train_distributed.py)
+# (tests/test_train_distributed.py), and models.drafter_init.INITS
 MEMORY_KINDS = ("prefix-slots", "decayed-linear", "recall", "none")
 ENGINES = ("hyflash", "transformers", "vllm")
 FEATURE_MODES = ("auto", "cache", "recompute")
+INITS = ("random", "target")
 PRECISIONS = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
 KEEP = ("last", "best")  # loop.KEEP
@@ -84,6 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("drafter")
     g.add_argument("--layers", type=positive_int, default=2)
     g.add_argument("--heads", type=positive_int, default=8)
+    g.add_argument("--init", choices=INITS, default=INITS[0],
+                   help="the drafter's starting weights: random, or target (its layers "
+                        "start as the target's last --layers decoder layers; needs --heads "
+                        "= the target's attention heads and a Llama-style attention)")
     g.add_argument("--block-size", type=positive_int, default=8,
                    help="B: one pass drafts B-1 tokens")
     g.add_argument("--window", type=positive_int, default=64, help="local window W (hyflash only)")
@@ -192,6 +197,7 @@ def run_on(args: argparse.Namespace, d) -> int:
 
     from hyflash.models.draft_vocab import rank_counts
     from hyflash.models.drafter import Drafter
+    from hyflash.models.drafter_init import init_from_target
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.models.tokenizer import load_tokenizer
     from hyflash.train.corpus import corpus_digest, read_corpus
@@ -232,6 +238,8 @@ def run_on(args: argparse.Namespace, d) -> int:
                                  draft_vocab=args.draft_vocab,
                                  **({} if args.arch == "full" else
                                     {"window": args.window, "memory": args.memory}))
+    if args.init == "target":
+        say(f"init: drafter layers start as target layers {init_from_target(drafter, target)}")
     spec = data_spec(args, target.cfg.max_seq_len)
     lanes = check_world(d.world, args.batch, spec.shards)
     mine = rank_shards(d.rank, d.world, spec.shards, lanes)
@@ -277,13 +285,14 @@ def run_on(args: argparse.Namespace, d) -> int:
                                                args.draft_vocab))
     run_name = f"train-{args.arch}" + (f"-dv{args.draft_vocab}" if args.draft_vocab else "")
     run_name += shape_suffix(args) + run_suffix(train_spec)
+    run_name += "" if args.init == INITS[0] else f"-init{args.init}"
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
     report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet,
                    target=target if recompute else None, d=d,
                    parallel=args.parallel or PARALLEL[0])
     report.update(target=str(target_path), data=str(args.data), corpus_sha1=corpus_id,
-                  arch=args.arch, features="recomputed" if recompute else "cached",
+                  arch=args.arch, init=args.init, features="recomputed" if recompute else "cached",
                   params=sum(p.numel() for p in drafter.parameters() if p.requires_grad),
                   state_bytes_fp32=drafter.state_bytes(), data_spec=spec.__dict__,
                   total_seconds=round(time.time() - t0, 1))
