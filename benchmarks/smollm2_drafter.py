@@ -2,25 +2,27 @@
 across as many sessions as it takes.
 
 The recipe is fixed here (DATA, TRAIN). Its expensive part is the self-distillation data:
-4096 greedy continuations of 128 tokens after code prompts of up to 512 tokens, about
-1.6M tokens through a 135M-parameter fp32 target on this CPU. A session of this machine
-ends before that and the next starts on a fresh disk, so the tokens travel in the
-repository (a few MB, ``benchmarks/distill/``); the features and greedy labels (GBs) are
-recomputed from them by ``hyflash train`` (one causal pass per batch, no decoding). Where
-the CPU has bf16 hardware (a Xeon with AMX) the pass and the steps run in bf16: 40 min
-for all 32 shards with ``--nproc 2`` (62 min at float32), then about 0.8 s a step, 25 min
-with its validations. Without it (an AVX2-only EPYC) they run in float32: 45 min for 16
-shards, 3.2 s a 3-layer step. ``--sequences N`` (a multiple of
-128) trains on the first N/128 of those shards, which are exactly the data of a run of N
-continuations (a shard depends only on the seed and its number). A larger N decodes
-only the shards beyond the committed ones: ``hyflash train`` links the shards of a
-finished run of fewer continuations in the same --work (``command.grown_from``).
+greedy continuations of 128 tokens after code prompts of up to 512 tokens, through a
+135M-parameter target on this CPU: with ``--nproc 2`` and bf16 features (a CPU with bf16
+hardware) 32 shards of 128 took 1 h 42 min (4096 -> 8192). A session of this machine may
+end before that and the next may start on a fresh disk, so the tokens travel in the
+repository (``benchmarks/distill/``, about 0.2 MB a shard); the features and greedy
+labels (GBs) are recomputed from them by ``hyflash train`` (one causal pass per batch,
+no decoding). Where the CPU has bf16 hardware the pass and the steps run in bf16, else
+in float32 (``precision``). ``--sequences N`` (a multiple of 128) trains on the first
+N/128 shards, which are exactly the data of a run of N continuations (a shard depends
+only on the seed and its number): the committed folder of each N holds only the shards
+no smaller committed run holds (4096: shards 0-31, 8192: 32-63), and a run restores each
+shard from whichever has it, decoding only the shards none has. In the same --work,
+``hyflash train`` also links the shards of a finished run of fewer continuations
+(``command.grown_from``).
 
     python benchmarks/smollm2_drafter.py              # restore tokens, generate/train, resume
     python benchmarks/smollm2_drafter.py --sequences 1024 --steps 1000   # a smaller run
     python benchmarks/smollm2_drafter.py --data-only  # stop after the data
-    python benchmarks/smollm2_drafter.py --save-tokens  # copy finished shards' tokens into
-                                                        # benchmarks/distill/ (then commit)
+    python benchmarks/smollm2_drafter.py --sequences 8192 --save-tokens  # the tokens of
+                                 # finished shards no committed folder holds -> benchmarks/
+                                 # distill/ (then commit)
     python benchmarks/smollm2_drafter.py --nproc 2    # two processes (torchrun), one core each
     python benchmarks/smollm2_drafter.py --heads 9 --init target  # layers start as the
                                                       # target's last two decoder layers
@@ -46,7 +48,7 @@ from hyflash.models.gguf import cache_root
 HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
 SHIPPED = HERE / "drafters" / "smollm2-hyflash"  # the drafter in the repository (fp16)
-SEQUENCES, SHARD = 4096, 128  # the committed tokens: 32 shards of 128 continuations
+SEQUENCES, SHARD = 4096, 128  # the default run: 32 shards of 128 continuations
 DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32"]
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
          "--eval-every", "100", "--keep", "best"]  # val.jsonl: does the full data overfit?
@@ -71,8 +73,12 @@ def gguf() -> Path:
     return Path(out)
 
 
-def folders(target: Path, work: Path, sequences: int, arithmetic: str) -> tuple[Path, Path]:
-    """(the data folder with cached features, the tokens-only folder) of the recipe."""
+def folders(target: Path, work: Path, sequences: int,
+            arithmetic: str) -> tuple[Path, Path, list[Path]]:
+    """(the data folder with cached features, the tokens-only folder, the committed tokens
+    folders of the recipe: this run's in TOKENS if there is one, then those of the same data
+    with other --sequences, most first; a shard depends only on the seed and its number, so
+    a shard of any of them is this run's)."""
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.train import command
     from hyflash.train.corpus import corpus_digest, read_corpus
@@ -85,28 +91,35 @@ def folders(target: Path, work: Path, sequences: int, arithmetic: str) -> tuple[
     t = Target.from_pretrained(folder, max_seq_len=args.max_seq_len)
     spec = command.data_spec(args, t.cfg.max_seq_len)
     corpus = corpus_digest(read_corpus(args.data))
-    return command.folder_names(work, spec, folder, t, corpus, args.engine,
+    cached, tokens = command.folder_names(work, spec, folder, t, corpus, args.engine,
+                                          args.feature_precision)
+    own = TOKENS / tokens.name
+    others = command.grown_from(own, spec, folder, t, corpus, args.engine,
                                 args.feature_precision)
+    return cached, tokens, ([own] if own.is_dir() else []) + others
 
 
-def save_tokens(cached: Path, tokens_name: str) -> None:
-    """Every finished shard of the cached data -> a tokens-only shard in TOKENS."""
-    from hyflash.train.shards import Shard, shard_files, write_shard
+def save_tokens(cached: Path, dest: Path, committed: list[Path]) -> None:
+    """Every finished shard of the cached data that no committed folder holds -> a
+    tokens-only shard in ``dest`` (a folder of TOKENS): a larger run commits only the
+    shards beyond the smaller runs' ones."""
+    from hyflash.train.shards import Shard, shard_files, shard_path, write_shard
 
-    dest = TOKENS / tokens_name
+    elsewhere = [c for c in committed if c != dest]
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(cached / "spec.json", dest / "spec.json")
     n = 0
     for s, path in shard_files(cached).items():
-        if (dest / path.name).exists():
+        if (dest / path.name).exists() or any(shard_path(c, s).exists() for c in elsewhere):
             continue
         src = Shard(path)
         write_shard(dest, s, [src.tokens(i).numpy() for i in range(len(src))], None, src.meta)
         n += 1
-    have = len(shard_files(dest))
+    have = set(shard_files(dest)).union(*(shard_files(c) for c in elsewhere))
     spec = json.loads((cached / "spec.json").read_text())
     total = -(-spec["sequences"] // spec["shard"])
-    print(f"{n} shard(s) added; {dest} holds {have}/{total} shards of tokens")
+    print(f"{n} shard(s) added to {dest}; the committed tokens hold "
+          f"{len([s for s in have if s < total])}/{total} shards of this run")
 
 
 def ship(trained: Path, dest: Path = SHIPPED) -> None:
@@ -128,26 +141,29 @@ def ship(trained: Path, dest: Path = SHIPPED) -> None:
           f"{sum(v.dtype == torch.float16 for v in half.values())} float16 tensors)")
 
 
-def restore_tokens(work: Path, tokens_name: str, committed_name: str, sequences: int) -> None:
-    """The committed tokens -> this run's tokens-only folder: all of them, or the first
-    sequences/SHARD shards for a smaller run, under that run's spec (a larger run decodes
-    the shards beyond them)."""
+def restore_tokens(work: Path, tokens_name: str, committed: list[Path],
+                   sequences: int) -> None:
+    """The committed tokens of the first sequences/SHARD shards -> this run's tokens-only
+    folder, each shard from the first committed folder that holds it, under this run's spec
+    (the run decodes the shards none holds)."""
     from hyflash.train.folders import claim_work
     from hyflash.train.shards import shard_path
 
-    src = TOKENS / committed_name
-    if not src.is_dir():
+    if not committed:
         return
     claim_work(work, Path("unused"))
     dest = work / tokens_name
     dest.mkdir(exist_ok=True)
-    spec = json.loads((src / "spec.json").read_text())
+    spec = json.loads((committed[0] / "spec.json").read_text())
     (dest / "spec.json").write_text(json.dumps({**spec, "sequences": sequences}, indent=1))
-    for s in range(min(sequences, spec["sequences"]) // SHARD):
-        f = shard_path(src, s)
-        if f.exists() and not (dest / f.name).exists():
-            shutil.copy(f, dest / f.name)
-    print(f"tokens restored from {src} into {dest}")
+    n = 0
+    for s in range(sequences // SHARD):
+        src = next((f for c in committed if (f := shard_path(c, s)).exists()), None)
+        if src is not None and not (dest / src.name).exists():
+            shutil.copy(src, dest / src.name)
+            n += 1
+    print(f"{n} shard(s) of tokens restored from {', '.join(str(c) for c in committed)} "
+          f"into {dest}")
 
 
 def main() -> None:
@@ -158,7 +174,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=root / "work" / "smollm2-hyflash")
     ap.add_argument("--data-only", action="store_true")
     ap.add_argument("--save-tokens", action="store_true",
-                    help="copy the tokens of the finished shards into benchmarks/distill/")
+                    help="copy the tokens of the finished shards that no committed folder "
+                         "holds into benchmarks/distill/ (then commit)")
     ap.add_argument("--ship", action="store_true",
                     help="write the drafter in --out, in float16, to "
                          f"{SHIPPED.relative_to(HERE.parent)} (then commit)")
@@ -166,8 +183,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="threads per process")
     ap.add_argument("--sequences", type=int, default=SEQUENCES,
                     help=f"continuations to train on, a multiple of {SHARD} (default "
-                         f"{SEQUENCES}): the first {SEQUENCES} are restored from the committed "
-                         "tokens, more are decoded; a finished run of fewer lends its shards")
+                         f"{SEQUENCES}): the shards benchmarks/distill/ holds (8192 "
+                         "continuations) are restored, the rest decoded; a finished run of "
+                         "fewer in --work lends its shards")
     ap.add_argument("--steps", type=int, default=1500, help="training steps")
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
     ap.add_argument("--heads", type=int, default=8,
@@ -183,12 +201,10 @@ def main() -> None:
         return
     target = gguf()
     arithmetic = precision()
-    cached, tokens = folders(target, args.work, args.sequences, arithmetic)
+    cached, tokens, committed = folders(target, args.work, args.sequences, arithmetic)
     if args.save_tokens:
-        save_tokens(cached, tokens.name)
+        save_tokens(cached, TOKENS / tokens.name, committed)
         return
-    committed = tokens.name if (TOKENS / tokens.name).is_dir() else \
-        folders(target, args.work, SEQUENCES, arithmetic)[1].name
     restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
