@@ -48,8 +48,11 @@ from hyflash.models.gguf import cache_root
 HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
 SHIPPED = HERE / "drafters" / "smollm2-hyflash"  # the drafter in the repository (fp16)
-SEQUENCES, SHARD = 4096, 128  # the default run: 32 shards of 128 continuations
-DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32"]
+SEQUENCES, SHARD = 8192, 128  # the default run: 64 shards of 128 continuations
+# features cached (memory-mapped from disk) past hyflash's 16 GiB default too: recomputing
+# them would rerun the target in every step (16384 continuations: 20.5 GiB of bf16 features)
+DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32",
+        "--features", "cache"]
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
          "--eval-every", "100", "--keep", "best"]  # val.jsonl: does the full data overfit?
 
@@ -186,10 +189,10 @@ def main() -> None:
                          f"{SEQUENCES}): the shards benchmarks/distill/ holds (8192 "
                          "continuations) are restored, the rest decoded; a finished run of "
                          "fewer in --work lends its shards")
-    ap.add_argument("--steps", type=int, default=1500, help="training steps")
+    ap.add_argument("--steps", type=int, default=3000, help="training steps")
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
-    ap.add_argument("--heads", type=int, default=8,
-                    help="drafter attention heads (9, the target's, for --init target)")
+    ap.add_argument("--heads", type=int, default=9,
+                    help="drafter attention heads (9, the target's: head size 64)")
     ap.add_argument("--init", choices=("random", "target"), default="random",
                     help="the drafter's starting weights (hyflash train --init)")
     args = ap.parse_args()
