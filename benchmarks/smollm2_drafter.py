@@ -12,10 +12,10 @@ no decoding). Where the CPU has bf16 hardware the pass and the steps run in bf16
 in float32 (``precision``). ``--sequences N`` (a multiple of 128) trains on the first
 N/128 shards, which are exactly the data of a run of N continuations (a shard depends
 only on the seed and its number): the committed folder of each N holds only the shards
-no smaller committed run holds (4096: shards 0-31, 8192: 32-63), and a run restores each
-shard from whichever has it, decoding only the shards none has. In the same --work,
-``hyflash train`` also links the shards of a finished run of fewer continuations
-(``command.grown_from``).
+no smaller committed run holds (4096: shards 0-31, 8192: 32-63, 16384: 64-90 so far),
+and a run restores each shard from whichever has it, decoding only the shards none has.
+In the same --work, ``hyflash train`` also links the shards of a finished run of fewer
+continuations (``command.grown_from``).
 
     python benchmarks/smollm2_drafter.py              # restore tokens, generate/train, resume
     python benchmarks/smollm2_drafter.py --sequences 1024 --steps 1000   # a smaller run
@@ -186,9 +186,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="threads per process")
     ap.add_argument("--sequences", type=int, default=SEQUENCES,
                     help=f"continuations to train on, a multiple of {SHARD} (default "
-                         f"{SEQUENCES}): the shards benchmarks/distill/ holds (8192 "
-                         "continuations) are restored, the rest decoded; a finished run of "
-                         "fewer in --work lends its shards")
+                         f"{SEQUENCES}): the shards benchmarks/distill/ holds are restored, "
+                         "the rest decoded; a finished run of fewer in --work lends its "
+                         "shards")
     ap.add_argument("--steps", type=int, default=3000, help="training steps")
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
     ap.add_argument("--heads", type=int, default=9,
