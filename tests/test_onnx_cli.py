@@ -124,6 +124,18 @@ def test_simulate_default_prompts_and_sampling(exported, capsys):
     assert "n/a (sampling" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("rows", ["auto", "0.9"])
+def test_simulate_with_fewer_draft_rows_stays_identical_and_records_the_policy(
+        exported, capsys, tmp_path, rows):
+    _, _, out = exported
+    report = tmp_path / "report"
+    assert main(["simulate", str(out), "--max-new-tokens", "24", "--threads", "1",
+                 "--draft-rows", rows, "--out", str(report), "--no-progress"]) == 0
+    data = json.loads((report / "report.json").read_text())
+    assert data["settings"]["draft_rows"] == rows
+    assert all(p["identical"] for p in data["prompts"])
+
+
 # ------------------------------------------------------------------- bad bundles
 
 def damaged(out, tmp_path, how):

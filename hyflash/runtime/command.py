@@ -13,6 +13,7 @@ from hyflash.argtypes import (
     unit_interval,
 )
 from hyflash.errors import HyflashError
+from hyflash.runtime.draft_rows import ROWS_HELP, parse_policy, policy_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="each round, take whichever of the lookup (with --lookup), the drafter "
                         "and a plain one-token decode has committed the most tokens per "
                         "second so far (measured; still lossless; runtime/gate.py)")
+    p.add_argument("--draft-rows", type=policy_arg, default="all", metavar="all|auto|P",
+                   help=ROWS_HELP)
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 = greedy (default)")
@@ -114,7 +117,7 @@ def open_engine(args: argparse.Namespace):
         from hyflash.runtime.gate import RateGate
 
         gate = RateGate()
-    engine = SpeculativeEngine(target, drafter, lookup, gate)
+    engine = SpeculativeEngine(target, drafter, lookup, gate, parse_policy(args.draft_rows))
     return engine, tokenizer, sorted(eos)
 
 

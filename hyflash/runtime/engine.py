@@ -10,6 +10,8 @@ the features of a token exist only once the target has run it. One round:
    rows of its logits that are a distribution become drafts: a row with NaN, +inf or
    nothing above -inf (say, an fp16 drafter that overflowed) proposes nothing, so the
    verify pass takes the target's own token there and the output stays the target's.
+   A row policy (``draft_rows.py``) may keep fewer of the leading rows still, judged by
+   the drafter's confidence alone, so that a verify is not paid for unlikely drafts.
 2. **verify** - ONE target pass over ``[anchor, d_1 .. d_r]`` at ``pos`` gives the target's
    logits for positions ``pos+1 .. pos+r+1`` and the features of the anchor and drafts.
 3. **accept** - greedy or rejection sampling (``verify.py``) keeps ``k`` drafts and adds
@@ -36,6 +38,7 @@ import torch
 
 from hyflash.errors import HyflashError
 from hyflash.runtime.backends import DrafterBackend, TargetBackend
+from hyflash.runtime.draft_rows import RowPolicy, confidences
 from hyflash.runtime.gate import RateGate
 from hyflash.runtime.lookup import ContextLookup
 from hyflash.runtime.sampling import Sampling, distribution_rows, sample
@@ -58,7 +61,10 @@ class SpeculativeEngine:
     drafter and a plain decode has committed the most tokens per second so far."""
 
     def __init__(self, target: TargetBackend, drafter: DrafterBackend | None = None,
-                 lookup: ContextLookup | None = None, gate: RateGate | None = None):
+                 lookup: ContextLookup | None = None, gate: RateGate | None = None,
+                 draft_rows: RowPolicy | None = None):
+        """draft_rows: which of the drafter's rows a round proposes (``draft_rows.py``:
+        ``Cutoff(p)``, ``ExpectedRate()``); None proposes every row."""
         if drafter is not None:
             check_pair(target, drafter)
             if lookup is not None and lookup.block_size != drafter.block_size:
@@ -68,6 +74,7 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.lookup = lookup
         self.gate = gate
+        self.draft_rows = draft_rows
 
     @property
     def block_size(self) -> int:
@@ -183,13 +190,23 @@ class SpeculativeEngine:
                 with clock("draft_s"):
                     draft_logits = self._check_draft(drafter.draft(anchor, pos))[:r]
                 stats.drafter_calls += 1
+                if self.draft_rows is not None:
+                    valid = distribution_rows(draft_logits)  # broken rows stay "dropped"
+                    kept = self.draft_rows.choose(confidences(draft_logits[:valid]))
+                    if kept < valid:
+                        stats.cut_draft_rows += r - kept
+                        draft_logits, r = draft_logits[:kept], kept
                 q, drafts = self._propose(draft_logits, sampling, generator)
                 stats.dropped_draft_rows += r - drafts.numel()
 
             # verify: one target pass over [anchor, d_1..d_r] at pos
+            t = time.perf_counter()
             with clock("verify_s"):
                 logits, features = target.forward(torch.cat([torch.tensor([anchor]), drafts]),
                                                   pos)
+            verify_s = time.perf_counter() - t
+            if self.draft_rows is not None:
+                self.draft_rows.record_verify(drafts.numel() + 1, verify_s)
             stats.target_calls += 1
             stats.rounds += 1
             round_s = time.perf_counter() - round_start
@@ -200,6 +217,8 @@ class SpeculativeEngine:
             else:
                 k, bonus = verify_sampled(drafts, q, sampling.probs(logits), generator)
             stats.accepted_drafts += k
+            if self.draft_rows is not None and choice == "drafter":
+                self.draft_rows.record_accepted(k)
             for i in range(r):
                 stats.position_proposed[i] += 1
                 stats.position_accepted[i] += int(i < k)
@@ -215,6 +234,8 @@ class SpeculativeEngine:
                     drafter.commit(features[:n])
             # roll back: everything after the last committed-and-processed token is dead
             target.rollback(pos + n)
+            if self.draft_rows is not None and choice == "drafter":
+                self.draft_rows.record_overhead(time.perf_counter() - round_start - verify_s)
             yield from clock.paused(new[-n:])
 
         stats.new_tokens = len(new)

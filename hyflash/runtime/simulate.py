@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hyflash.argtypes import DEFAULT_THREADS, nonneg_float, nonneg_int, positive_int, threads
 from hyflash.errors import HyflashError
+from hyflash.runtime.draft_rows import ROWS_HELP, policy_arg
 
 # Built-in prompts: Python code, what the embedded pocket model was trained on; one long
 # prompt so that the drafter's window and memory both matter.
@@ -66,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="each round, take whichever of the lookup (with --lookup), the drafter "
                         "and a plain one-token decode has committed the most tokens per "
                         "second so far (measured; still lossless; runtime/gate.py)")
+    p.add_argument("--draft-rows", type=policy_arg, default="all", metavar="all|auto|P",
+                   help=ROWS_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--device", metavar="NAME",
                    help="also project phone decode speed and memory on this device profile "
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hyflash.models.tokenizer import load_tokenizer
     from hyflash.runtime.backends import open_bundle
+    from hyflash.runtime.draft_rows import parse_policy
     from hyflash.runtime.engine import SpeculativeEngine
     from hyflash.runtime.gate import RateGate
     from hyflash.runtime.lookup import ContextLookup
@@ -157,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         check_prompt(p, i, target.max_seq_len, room)
     lookup = ContextLookup(block_size=drafter.block_size) if args.lookup else None
     gate = RateGate() if args.adaptive else None
-    plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter, lookup, gate)
+    plain = SpeculativeEngine(target)
+    spec = SpeculativeEngine(target, drafter, lookup, gate, parse_policy(args.draft_rows))
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
               seed=args.seed, eos_ids=sorted(eos))
     # warm-up: the first ONNX Runtime calls allocate and plan; keep them out of the numbers

@@ -38,6 +38,7 @@ class Report:
             "temperature": args.temperature, "seed": args.seed, "threads": args.threads,
             "prompts": n_prompts, "lookup": bool(getattr(args, "lookup", False)),
             "adaptive": bool(getattr(args, "adaptive", False)),
+            "draft_rows": getattr(args, "draft_rows", "all"),
         }
         self.fixed_state_bytes = m.state_bytes
         self.kv_bytes_per_token = m.kv_bytes_per_token

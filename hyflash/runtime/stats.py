@@ -27,6 +27,10 @@ class GenerationStats:
     -inf), or came after one in the same block: the engine proposed nothing there, and
     the acceptance rates count them as proposed and rejected, so a broken drafter shows.
 
+    ``cut_draft_rows`` counts drafted rows that a row policy (``SpeculativeEngine(...,
+    draft_rows=...)``, ``draft_rows.py``) chose not to propose, with the rows after them;
+    they are not counted as proposed.
+
     ``lookup_rounds`` counts the rounds whose drafts the context lookup copied (no
     drafter call); the drafter's commits still run in them, inside ``draft_s``.
     ``plain_rounds`` counts the rounds a rate gate (``gate.py``) decoded one token in
@@ -47,6 +51,7 @@ class GenerationStats:
     plain_rounds: int = 0        # rounds a rate gate decoded without drafts
     accepted_drafts: int = 0
     dropped_draft_rows: int = 0  # rows of a broken drafter, never verified (see above)
+    cut_draft_rows: int = 0      # drafted rows a row policy left unproposed (see above)
     position_proposed: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
@@ -112,6 +117,8 @@ def format_stats(s: GenerationStats) -> str:
           if s.lookup_rounds else []),
         *([("rounds decoded plain by the gate", f"{s.plain_rounds} of {s.rounds}")]
           if s.plain_rounds else []),
+        *([("drafted rows not proposed", f"{s.cut_draft_rows} (draft rows policy)")]
+          if s.cut_draft_rows else []),
         ("prefill", pct(s.prefill_s)),
         ("drafting", pct(s.draft_s)),
         (phase, pct(s.verify_s)),

@@ -1,0 +1,194 @@
+"""How many of the drafter's rows a round proposes.
+
+The drafter drafts a whole block in one pass, but a verify of T tokens costs more the
+larger T is (on SmolLM2-135M's lean fp32 graph a verify of 8 tokens costs ~1.5 decodes;
+on the pocket pair T hardly matters), and late rows are rarely accepted. A policy looks
+at the drafter's confidence in each row, the probability its most likely token has
+(softmax of the row's logits), and keeps the leading rows that pay:
+
+- ``Cutoff(p)``: the leading rows whose confidence is at least p;
+- ``ExpectedRate()``: the k that maximises the expected committed tokens per second,
+  ``(1 + a_1 + a_1 a_2 + ... + a_1..a_k) / (t_round + t_verify(k + 1))``. The acceptance
+  a_i of row i is its confidence times a per-position calibration (how often rows at i
+  were accepted over their summed confidence, when the verify reached them), and the
+  costs are measured as the run goes: an exponentially weighted mean of the wall time
+  of every verify call per length T (lookup and plain rounds measure lengths too), and
+  of the rest of a drafter round (the drafter call, acceptance, commit, the loop's own
+  work: on a small model that is as much as the verify). Lengths not
+  measured yet are interpolated linearly between measured ones, or take the nearest
+  measured one; its first ``explore`` drafter rounds propose all, half and none of the
+  rows in turn, so the cost curve is measured before the rule relies on it.
+
+The choice depends only on the drafter's logits, never on a sampled token, so each kept
+row's draft is still a sample of that row's full distribution: greedy output stays the
+target's own and sampled output keeps exactly its distribution, whatever is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class RowPolicy(Protocol):
+    def choose(self, conf: torch.Tensor) -> int: ...
+    def record_verify(self, tokens: int, seconds: float) -> None: ...
+    def record_overhead(self, seconds: float) -> None: ...
+    def record_accepted(self, accepted: int) -> None: ...
+
+
+def confidences(logits: torch.Tensor) -> torch.Tensor:
+    """[R, V] drafter logits -> [R] probability of each row's most likely token (NaN for
+    a row that is no distribution, which ends every policy's run of kept rows)."""
+    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+
+
+def leading(mask: torch.Tensor) -> int:
+    """Length of the leading run of True in a 1-D bool tensor."""
+    bad = ~mask
+    return int(bad.int().argmax()) if bool(bad.any()) else mask.numel()
+
+
+class Cutoff:
+    """Keep the leading rows whose confidence is at least ``p``."""
+
+    def __init__(self, p: float):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"draft cutoff {p}: need 0 <= p < 1 (a probability)")
+        self.p = p
+
+    def choose(self, conf: torch.Tensor) -> int:
+        return leading(conf >= self.p)
+
+    def record_verify(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def record_overhead(self, seconds: float) -> None:
+        pass
+
+    def record_accepted(self, accepted: int) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"cutoff {self.p:g}"
+
+
+class ExpectedRate:
+    """Keep the k rows that maximise expected tokens per second (module docstring)."""
+
+    def __init__(self, keep: float = 0.9, explore: int = 6):
+        if not 0 < keep < 1 or explore < 0:
+            raise ValueError(f"ExpectedRate(keep={keep}, explore={explore}): need 0 < keep < 1 "
+                             "and explore >= 0")
+        self.keep, self.explore = keep, explore
+        self.verify: dict[int, list[float]] = {}  # T -> [weighted seconds, weight]
+        self.overhead = [0.0, 0.0]  # a drafter round's seconds outside the verify
+        self.rounds = 0
+        # calibration per row position: sums of the confidence and of the acceptance of
+        # rows the verify reached (one pseudo-round each, so the ratio starts at 1)
+        self.predicted: list[float] = []
+        self.accepted: list[float] = []
+        self.last: list[float] = []  # confidences of the rows proposed in the last round
+
+    def _add(self, acc: list[float], seconds: float) -> None:
+        acc[0] = self.keep * acc[0] + seconds
+        acc[1] = self.keep * acc[1] + 1.0
+
+    def record_verify(self, tokens: int, seconds: float) -> None:
+        self._add(self.verify.setdefault(tokens, [0.0, 0.0]), seconds)
+
+    def record_overhead(self, seconds: float) -> None:
+        self._add(self.overhead, seconds)
+
+    def record_accepted(self, accepted: int) -> None:
+        """The verify of the last proposed rows accepted the first ``accepted`` of them:
+        rows 0..accepted were reached (row ``accepted`` rejected, if proposed)."""
+        for i, c in enumerate(self.last[:accepted + 1]):
+            while len(self.predicted) <= i:
+                self.predicted.append(1.0)
+                self.accepted.append(1.0)
+            self.predicted[i] = self.keep * self.predicted[i] + c
+            self.accepted[i] = self.keep * self.accepted[i] + float(i < accepted)
+        self.last = []
+
+    def calibrated(self, conf: torch.Tensor) -> torch.Tensor:
+        """Confidences scaled per position by measured acceptance / confidence (<= 1)."""
+        scale = torch.tensor([self.accepted[i] / self.predicted[i] if i < len(self.predicted)
+                              else 1.0 for i in range(conf.numel())], dtype=torch.float64)
+        return (conf.double() * scale).clamp(max=1.0)
+
+    def verify_cost(self, tokens: int) -> float | None:
+        """Estimated seconds of a verify of ``tokens`` tokens (None before any verify)."""
+        known = {t: s / w for t, (s, w) in self.verify.items()}
+        if not known:
+            return None
+        if tokens in known:
+            return known[tokens]
+        below = [t for t in known if t < tokens]
+        above = [t for t in known if t > tokens]
+        if below and above:
+            a, b = max(below), min(above)
+            return known[a] + (known[b] - known[a]) * (tokens - a) / (b - a)
+        return known[max(below)] if below else known[min(above)]
+
+    def choose(self, conf: torch.Tensor) -> int:
+        rows = leading(~torch.isnan(conf))
+        if rows == 0:
+            return 0
+        self.rounds += 1
+        if self.rounds <= self.explore:  # measure a few lengths: all, half, none, ...
+            best = (rows, rows // 2, 0)[(self.rounds - 1) % 3]
+        else:
+            best = self._best(conf[:rows])
+        self.last = conf[:best].tolist()
+        return best
+
+    def _best(self, conf: torch.Tensor) -> int:
+        rows = conf.numel()
+        t_round = self.overhead[0] / self.overhead[1] if self.overhead[1] else 0.0
+        expected = 1.0 + torch.cumprod(self.calibrated(conf), 0).cumsum(0)
+        best, best_rate = rows, -1.0
+        for k in range(rows + 1):
+            cost = self.verify_cost(k + 1)
+            if cost is None:
+                return rows
+            gain = 1.0 if k == 0 else float(expected[k - 1])
+            rate = gain / (t_round + cost) if t_round + cost > 0 else gain
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def __repr__(self) -> str:
+        return "auto"
+
+
+ROWS_HELP = ("which drafted rows a drafter round proposes: all (default), auto (the number "
+             "that maximises expected tokens per second, verify costs and acceptance measured "
+             "as it runs) or a probability p (the leading rows whose best token has at "
+             "least p under the drafter); lossless either way (runtime/draft_rows.py)")
+
+
+def policy_arg(text: str) -> str:
+    """argparse type: a policy name, checked."""
+    import argparse
+
+    try:
+        parse_policy(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def parse_policy(text: str):
+    """``all`` -> None (every row), ``auto`` -> ExpectedRate(), a probability -> Cutoff."""
+    if text == "all":
+        return None
+    if text == "auto":
+        return ExpectedRate()
+    try:
+        p = float(text)
+    except ValueError:
+        raise ValueError(f"draft rows {text!r}: pass all, auto or a probability cutoff "
+                         "such as 0.2") from None
+    return Cutoff(p)
