@@ -9,8 +9,9 @@ at the drafter's confidence in each row, the probability its most likely token h
 - ``Cutoff(p)``: the leading rows whose confidence is at least p;
 - ``ExpectedRate()``: the k that maximises the expected committed tokens per second,
   ``(1 + a_1 + a_1 a_2 + ... + a_1..a_k) / (t_round + t_verify(k + 1))``. The acceptance
-  a_i of row i is its confidence times a per-position calibration (how often rows at i
-  were accepted over their summed confidence, when the verify reached them), and the
+  a_i of row i is how often rows of its confidence (in bins of 0.1) were accepted when
+  the verify reached them, starting from the confidence itself; every ``explore_every``-th
+  round proposes every row, so confidences it would cut are still measured. The
   costs are measured as the run goes: an exponentially weighted mean of the wall time
   of every verify call per length T (lookup and plain rounds measure lengths too), and
   of the rest of a drafter round (the drafter call, acceptance, commit, the loop's own
@@ -77,18 +78,23 @@ class Cutoff:
 class ExpectedRate:
     """Keep the k rows that maximise expected tokens per second (module docstring)."""
 
-    def __init__(self, keep: float = 0.9, explore: int = 6):
-        if not 0 < keep < 1 or explore < 0:
-            raise ValueError(f"ExpectedRate(keep={keep}, explore={explore}): need 0 < keep < 1 "
-                             "and explore >= 0")
-        self.keep, self.explore = keep, explore
+    BINS = 10  # confidence bins of the calibration: [0, 0.1), [0.1, 0.2), ...
+
+    def __init__(self, keep: float = 0.9, explore: int = 6, explore_every: int = 16,
+                 calibration_keep: float = 0.97):
+        if not (0 < keep < 1 and 0 < calibration_keep < 1) or explore < 0 or explore_every < 2:
+            raise ValueError(f"ExpectedRate(keep={keep}, explore={explore}, explore_every="
+                             f"{explore_every}, calibration_keep={calibration_keep}): need "
+                             "0 < keep, calibration_keep < 1, explore >= 0, explore_every >= 2")
+        self.keep, self.explore, self.explore_every = keep, explore, explore_every
+        self.calibration_keep = calibration_keep
         self.verify: dict[int, list[float]] = {}  # T -> [weighted seconds, weight]
         self.overhead = [0.0, 0.0]  # a drafter round's seconds outside the verify
         self.rounds = 0
-        # calibration per row position: sums of the confidence and of the acceptance of
-        # rows the verify reached (one pseudo-round each, so the ratio starts at 1)
-        self.predicted: list[float] = []
-        self.accepted: list[float] = []
+        # calibration per confidence bin: weighted counts of rows the verify reached and
+        # of those it accepted, starting from one pseudo-row accepted at the bin's centre
+        self.reached = [1.0] * self.BINS
+        self.accepted = [(b + 0.5) / self.BINS for b in range(self.BINS)]
         self.last: list[float] = []  # confidences of the rows proposed in the last round
 
     def _add(self, acc: list[float], seconds: float) -> None:
@@ -101,22 +107,23 @@ class ExpectedRate:
     def record_overhead(self, seconds: float) -> None:
         self._add(self.overhead, seconds)
 
+    def _bin(self, c: float) -> int:
+        return min(self.BINS - 1, max(0, int(c * self.BINS)))
+
     def record_accepted(self, accepted: int) -> None:
         """The verify of the last proposed rows accepted the first ``accepted`` of them:
         rows 0..accepted were reached (row ``accepted`` rejected, if proposed)."""
+        k = self.calibration_keep
         for i, c in enumerate(self.last[:accepted + 1]):
-            while len(self.predicted) <= i:
-                self.predicted.append(1.0)
-                self.accepted.append(1.0)
-            self.predicted[i] = self.keep * self.predicted[i] + c
-            self.accepted[i] = self.keep * self.accepted[i] + float(i < accepted)
+            b = self._bin(c)
+            self.reached[b] = k * self.reached[b] + 1.0
+            self.accepted[b] = k * self.accepted[b] + float(i < accepted)
         self.last = []
 
     def calibrated(self, conf: torch.Tensor) -> torch.Tensor:
-        """Confidences scaled per position by measured acceptance / confidence (<= 1)."""
-        scale = torch.tensor([self.accepted[i] / self.predicted[i] if i < len(self.predicted)
-                              else 1.0 for i in range(conf.numel())], dtype=torch.float64)
-        return (conf.double() * scale).clamp(max=1.0)
+        """Per row, how often rows of its confidence were accepted when reached."""
+        return torch.tensor([self.accepted[b] / self.reached[b]
+                             for b in map(self._bin, conf.tolist())], dtype=torch.float64)
 
     def verify_cost(self, tokens: int) -> float | None:
         """Estimated seconds of a verify of ``tokens`` tokens (None before any verify)."""
@@ -139,6 +146,8 @@ class ExpectedRate:
         self.rounds += 1
         if self.rounds <= self.explore:  # measure a few lengths: all, half, none, ...
             best = (rows, rows // 2, 0)[(self.rounds - 1) % 3]
+        elif self.rounds % self.explore_every == 0:  # every row now and then: calibrates
+            best = rows  # the confidences it would otherwise never propose
         else:
             best = self._best(conf[:rows])
         self.last = conf[:best].tolist()
