@@ -120,6 +120,20 @@ def drafter_folder(model_folder, tmp_path_factory):
     return folder
 
 
+def test_generate_with_fewer_draft_rows_writes_the_plain_text_and_counts_the_cut_rows(
+        model_folder, drafter_folder, capsys):
+    argv = ["generate", "--target", str(model_folder), "--prompt", "w3 w14 w15 w9",
+            "--max-new-tokens", "12"]
+    assert main([*argv, "--no-draft"]) == 0
+    plain = capsys.readouterr().out
+    assert main([*argv, "--drafter", str(drafter_folder), "--draft-rows", "0.99"]) == 0
+    cut = capsys.readouterr().out
+    assert cut.split("\n")[0] == plain.split("\n")[0]  # the same streamed text
+    assert "drafted rows not proposed" in cut  # an untrained drafter is never that sure
+    exit_2(capsys, [*argv, "--no-draft", "--draft-rows", "auto"],
+           "--draft-rows auto chooses among the drafter's rows")
+
+
 def test_generate_checks_the_prompt_against_the_context_before_echoing_it(model_folder,
                                                                           capsys):
     prompt = " ".join(f"w{i % 40 + 2}" for i in range(300))

@@ -67,6 +67,9 @@ def check_modes(args: argparse.Namespace) -> None:
                            "or --bundle")
     elif bool(args.drafter) == bool(args.no_draft):
         raise HyflashError("pass exactly one of --drafter DIR or --no-draft with --target")
+    if args.no_draft and args.draft_rows != "all":
+        raise HyflashError(f"--draft-rows {args.draft_rows} chooses among the drafter's rows, "
+                           "and --no-draft runs no drafter: drop one of them")
     sampling = [f for f, v in (("--top-k", args.top_k), ("--top-p", args.top_p),
                                ("--seed", args.seed)) if v is not None]
     if sampling and args.temperature == 0:
