@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -41,8 +42,16 @@ class RowPolicy(Protocol):
 
 def confidences(logits: torch.Tensor) -> torch.Tensor:
     """[R, V] drafter logits -> [R] probability of each row's most likely token (NaN for
-    a row that is no distribution, which ends every policy's run of kept rows)."""
-    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+    a row that is no distribution, which ends every policy's run of kept rows).
+
+    In numpy, not torch: a torch op this size runs on torch's OpenMP pool, whose threads
+    then spin and slow the next ONNX Runtime call (measured on the pocket pair at 2
+    threads: drafter and verify calls 1.5x slower, ~3 ms more per round)."""
+    x = logits.detach().float().numpy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        top = x.max(axis=-1, keepdims=True)
+        conf = 1.0 / np.exp(x - top).sum(axis=-1)
+    return torch.from_numpy(conf.astype(np.float32))
 
 
 def leading(mask: torch.Tensor) -> int:
