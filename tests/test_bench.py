@@ -101,7 +101,8 @@ def test_bench_quick_writes_the_report_schema(quick):
     speed = r["speed"]
     assert speed["exports"]["onnx-auto-int4"]["reused"] is True  # the demo's export
     modes = {(row["system"], row["mode"]) for row in speed["rows"]}
-    ours = ("plain", "speculative", "lookup", "speculative+lookup", "adaptive")
+    ours = ("plain", "speculative", "speculative+auto-rows", "lookup", "speculative+lookup",
+            "adaptive")
     assert modes == {*(("ours ORT lean int4", m) for m in ours),
                      ("transformers generate", "plain"), ("transformers generate", "lookup")}
     for row in speed["rows"]:
@@ -127,13 +128,14 @@ def test_every_row_claimed_identical_really_is(quick):
     _, r = quick
     rows = {f"{row['system']} / {row['mode']}": row for row in r["speed"]["rows"]}
     claims = [row for row in rows.values() if row.get("identical")]
-    assert len(claims) == 5  # ours speculative, lookup, both, adaptive; transformers lookup
+    assert len(claims) == 6  # ours: 5 besides plain; transformers lookup
     for row in claims:
         assert row["tokens"] == rows[row["identical_to"]]["tokens"]
     # and against plain decoding run here, independently of the bench's own workers
     _, target, _ = load_onnx_pair(r["speed"]["exports"]["onnx-auto-int4"]["folder"], threads=1)
     plain = SpeculativeEngine(target)
-    for mode in ("speculative", "lookup", "speculative+lookup", "adaptive"):
+    for mode in ("speculative", "speculative+auto-rows", "lookup", "speculative+lookup",
+                 "adaptive"):
         spec = rows[f"ours ORT lean int4 / {mode}"]["tokens"]
         for ids, tokens in zip(r["speed"]["prompt_ids"], spec, strict=True):
             assert plain.generate(ids, max_new_tokens=r["new_tokens"]).tokens == tokens

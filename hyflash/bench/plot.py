@@ -26,14 +26,15 @@ def plot(result: dict, path: Path) -> None:
 
 def speed(ax, data: dict, dry: bool) -> None:
     rows = sorted(data["rows"], key=lambda r: r["tokens_per_s"])
-    colors = {"plain": "tab:gray", "speculative": "tab:orange", "lookup": "tab:green",
+    colors = {"plain": "tab:gray", "speculative": "tab:orange",
+              "speculative+auto-rows": "tab:olive", "lookup": "tab:green",
               "speculative+lookup": "tab:red", "adaptive": "tab:brown"}
     ax.barh([f"{r['system']} / {r['mode']}" for r in rows], [r["tokens_per_s"] for r in rows],
             color=[colors.get(r["mode"], "tab:blue") if r["group"] == "ours" else "tab:purple"
                    for r in rows])
     ax.set_xlabel("tokens / s (median)")
-    ax.set_title("speed (purple: peers; gray plain, orange speculative, green lookup, "
-                 "red speculative+lookup, brown adaptive)",
+    ax.set_title("speed (purple: peers; gray plain, orange speculative, olive speculative "
+                 "with auto rows, green lookup, red speculative+lookup, brown adaptive)",
                  fontsize=9)
     ax.tick_params(axis="y", labelsize=7)
 

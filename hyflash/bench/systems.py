@@ -2,7 +2,8 @@
 
 A ``System`` says how to run it (``kind``: which worker; ``request``: what the worker
 reads; ``python``: the interpreter, another venv's for onnxruntime-genai) and how to
-read its modes (``plain``, ``speculative``, ``lookup``, ``speculative+lookup``). A
+read its modes (``plain``, ``speculative``, ``speculative+auto-rows``, ``lookup``,
+``speculative+lookup``, ``adaptive``). A
 ``Skipped`` is a configuration that could not run here, with the reason: the report lists
 it, so no peer is ever dropped silently.
 """
@@ -31,5 +32,5 @@ class Skipped:
 
 
 # a mode's row claims identical output to this mode of the same system (lossless pairs)
-LOSSLESS_PAIRS = {"speculative": "plain", "lookup": "plain", "speculative+lookup": "plain",
-                  "adaptive": "plain"}
+LOSSLESS_PAIRS = {"speculative": "plain", "speculative+auto-rows": "plain", "lookup": "plain",
+                  "speculative+lookup": "plain", "adaptive": "plain"}

@@ -9,7 +9,8 @@ the threads. EOS never stops a run, so every system decodes the same number of t
 Timing is the same for every system: the wall time of the whole generate call, prefill
 included; tokens/s = new tokens / that. One warm-up generate (8 tokens) per mode first.
 
-Systems: ``ours`` (a bundle through our engine: plain, speculative with the drafter, lookup
+Systems: ``ours`` (a bundle through our engine: plain, speculative with the drafter (all
+its rows, and as many as pay: ``runtime/draft_rows.py``'s ``auto``), lookup
 (drafts copied from the context, ``runtime/lookup.py``) and speculative+lookup (copies
 where the context has a match, the drafter elsewhere) and adaptive (a rate gate,
 ``runtime/gate.py``, picks lookup, drafter or a plain decode by measured tokens per
@@ -38,6 +39,7 @@ def run_ours(req: dict) -> dict:
     import torch
 
     from hyflash.runtime.backends import open_bundle
+    from hyflash.runtime.draft_rows import ExpectedRate
     from hyflash.runtime.engine import SpeculativeEngine
     from hyflash.runtime.gate import RateGate
     from hyflash.runtime.lookup import ContextLookup
@@ -48,6 +50,8 @@ def run_ours(req: dict) -> dict:
     out = {}
     for mode, engine in (("plain", SpeculativeEngine(target)),
                          ("speculative", SpeculativeEngine(target, drafter)),
+                         ("speculative+auto-rows",
+                          SpeculativeEngine(target, drafter, draft_rows=ExpectedRate())),
                          ("lookup", SpeculativeEngine(target, None, ContextLookup(block_size=B))),
                          ("speculative+lookup",
                           SpeculativeEngine(target, drafter, ContextLookup(block_size=B))),
