@@ -44,7 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", metavar="LIST",
                    help="only these of our export configurations, comma-separated by name "
                         "(onnx-lean-fp32, onnx-optimum-int4, executorch-8da4w, ...; default all)")
-    p.add_argument("--no-peers", action="store_true", help="our configurations only")
+    p.add_argument("--no-peers", action="store_true",
+                   help="our configurations and transformers generate only (it needs "
+                        "nothing beyond this venv); no optimum, onnxruntime-genai or "
+                        "llama.cpp")
     p.add_argument("--setup-peers", action="store_true",
                    help="create the venvs and builds peers need (pip; llama.cpp compiles "
                         "~30 min once); without it a missing peer is reported as such")
