@@ -46,7 +46,8 @@ def confidences(logits: torch.Tensor) -> torch.Tensor:
 
     In numpy, not torch: a torch op this size runs on torch's OpenMP pool, whose threads
     then spin and slow the next ONNX Runtime call (measured on the pocket pair at 2
-    threads: drafter and verify calls 1.5x slower, ~3 ms more per round)."""
+    threads beside a busy core: drafter and verify calls 1.5x slower, ~3 ms more per
+    round)."""
     x = logits.detach().float().numpy()
     with np.errstate(invalid="ignore", over="ignore"):
         top = x.max(axis=-1, keepdims=True)
