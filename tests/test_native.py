@@ -137,6 +137,33 @@ def test_native_adaptive_gate_is_lossless_and_accounts_for_every_round(hyflash_r
     assert min(first["lookup_rounds"], first["plain_rounds"], first["drafter_calls"]) > 0
 
 
+def test_native_draft_rows_cutoff_equals_the_python_engines(hyflash_run, fp32_bundle,
+                                                           python_pair):
+    """--draft-rows P keeps the rows runtime/draft_rows.py's Cutoff keeps: same tokens, same
+    rows proposed and left out, same acceptance (a cutoff depends on nothing measured)."""
+    from hyflash.runtime.draft_rows import Cutoff
+
+    _, target, drafter, eos = python_pair
+    ids = load_tokenizer(fp32_bundle)(PROMPTS[0]).input_ids
+    want = SpeculativeEngine(target, drafter, draft_rows=Cutoff(0.35)).generate(
+        ids, max_new_tokens=40, eos_ids=eos)
+    out = native(hyflash_run, fp32_bundle, ids, 40, "--draft-rows", "0.35")
+    same_run(out, want)
+    assert out["stats"]["cut_draft_rows"] == want.stats.cut_draft_rows > 0
+
+
+def test_native_draft_rows_auto_is_lossless(hyflash_run, fp32_bundle):
+    ids = load_tokenizer(fp32_bundle)(PROMPTS[1]).input_ids * 2
+    plain = native(hyflash_run, fp32_bundle, ids, 48, "--no-draft", "--ignore-eos")
+    auto = native(hyflash_run, fp32_bundle, ids, 48, "--ignore-eos", "--repeat", "3",
+                  "--draft-rows", "auto")  # the CLI checks the three runs decode the same
+    assert auto["tokens"] == plain["tokens"]
+    assert auto["runs"][0]["cut_draft_rows"] > 0  # its exploration proposes half, then none
+    gated = native(hyflash_run, fp32_bundle, ids, 48, "--ignore-eos", "--draft-rows", "auto",
+                   "--lookup", "--adaptive")
+    assert gated["tokens"] == plain["tokens"]
+
+
 def test_plain_text_output_names_tau_and_speed(hyflash_run, fp32_bundle):
     done = run(hyflash_run, fp32_bundle, "--prompt-ids", "534,1087,63", "--max-new-tokens", 8)
     assert done.returncode == 0, done.stderr
@@ -176,6 +203,11 @@ def bad_bundles(fp32_bundle, tmp_path_factory):
                                                                  "a positive integer"),
     (["{bundle}"], "--prompt-ids is required"),
     (["{bundle}", "--prompt-ids", "1", "--temperature", "1"], "unknown option --temperature"),
+    (["{bundle}", "--prompt-ids", "1", "--draft-rows", "most"], "--draft-rows most: pass all, "
+                                                                "auto or a probability"),
+    (["{bundle}", "--prompt-ids", "1", "--draft-rows", "1.5"], "need 0 <= p < 1"),
+    (["{bundle}", "--prompt-ids", "1", "--no-draft", "--draft-rows", "auto"],
+     "--no-draft runs no drafter"),
 ])
 def test_bad_input_is_one_line_and_exit_2(hyflash_run, fp32_bundle, bad_bundles, argv, needle):
     done = run(hyflash_run, *[a.format(root=bad_bundles, bundle=fp32_bundle) for a in argv])

@@ -4,8 +4,9 @@ It runs an ExecuTorch bundle's program with the loop in C++ and takes token ids,
 gets the same prompts as every other system. Per prompt and mode one process with
 ``--repeat 2 --ignore-eos --json``: the first run is the warm-up, the second is timed
 (its ``total_s``, prefill included, as the Python engine times a generate call). The
-modes are the Python engine's (``worker.py``): plain, speculative, lookup (copied drafts
-only), speculative+lookup and adaptive (the rate gate), by hyflash-run's flags.
+modes are the Python engine's (``worker.py``): plain, speculative, speculative+auto-rows
+(``--draft-rows auto``), lookup (copied drafts only), speculative+lookup and adaptive (the
+rate gate), by hyflash-run's flags.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 from hyflash.bench.systems import Skipped, System
 
 BINARY = Path(__file__).resolve().parents[2] / "build" / "native" / "hyflash-run"
-MODES = (("plain", ["--no-draft"]), ("speculative", []), ("lookup", ["--lookup", "--no-draft"]),
+MODES = (("plain", ["--no-draft"]), ("speculative", []),
+         ("speculative+auto-rows", ["--draft-rows", "auto"]),
+         ("lookup", ["--lookup", "--no-draft"]),
          ("speculative+lookup", ["--lookup"]), ("adaptive", ["--lookup", "--adaptive"]))
 
 

@@ -1,7 +1,8 @@
 // hyflash-run: greedy speculative decoding of an ExecuTorch bundle from token ids, in C++.
 //
 //   hyflash-run BUNDLE --prompt-ids 1,2,3 [--max-new-tokens N] [--threads N] [--no-draft]
-//               [--lookup] [--adaptive] [--ignore-eos] [--repeat N] [--json]
+//               [--lookup] [--adaptive] [--draft-rows all|auto|P] [--ignore-eos]
+//               [--repeat N] [--json]
 //
 // Prints the new token ids and the stats (tau, acceptance by position, tokens/s) as a table
 // or, with --json, one JSON object. Tokenisation stays in Python (`hyflash generate`);
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,8 +26,8 @@ namespace {
 
 const char* const kUsage =
     "usage: hyflash-run BUNDLE --prompt-ids 1,2,3 [--max-new-tokens N] [--threads N]\n"
-    "                   [--no-draft] [--lookup] [--adaptive] [--ignore-eos] [--repeat N]\n"
-    "                   [--json]\n"
+    "                   [--no-draft] [--lookup] [--adaptive] [--draft-rows all|auto|P]\n"
+    "                   [--ignore-eos] [--repeat N] [--json]\n"
     "\n"
     "Greedy speculative decoding of an ExecuTorch bundle (`hyflash export --backend\n"
     "executorch`) through ExecuTorch's C++ Module API: the phone's loop on the desktop.\n"
@@ -40,6 +42,10 @@ const char* const kUsage =
     "  --adaptive          each round, take whichever of the lookup (with --lookup), the\n"
     "                      drafter and a plain decode has committed the most tokens per\n"
     "                      second so far (measured; still lossless)\n"
+    "  --draft-rows R      which drafted rows a drafter round proposes: all (default), auto\n"
+    "                      (as many as maximise expected tokens per second, costs and\n"
+    "                      acceptance measured as it runs) or a probability P (the leading\n"
+    "                      rows whose best token has at least P); still lossless\n"
     "  --ignore-eos        do not stop at the target's end-of-sequence ids\n"
     "  --repeat N          generate N times (the program loaded once); stats of each run\n"
     "  --json              one JSON object: tokens, stats (first run), runs (every run)\n";
@@ -50,7 +56,25 @@ struct Args {
   bool has_prompt = false;
   int64_t max_new_tokens = 128, threads = 1, repeat = 1;
   bool no_draft = false, lookup = false, adaptive = false, ignore_eos = false, json = false;
+  std::string draft_rows = "all";
 };
+
+// The --draft-rows policy (null for all), or a one-line Error.
+std::unique_ptr<hyflash::RowPolicy> row_policy(const std::string& text) {
+  if (text == "all") return nullptr;
+  if (text == "auto") return std::make_unique<hyflash::ExpectedRate>();
+  size_t used = 0;
+  double p = -1;
+  try {
+    p = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size())
+    throw hyflash::Error("--draft-rows " + text + ": pass all, auto or a probability cutoff "
+                         "such as 0.2");
+  return std::make_unique<hyflash::Cutoff>(p);
+}
 
 int64_t positive(const std::string& flag, const std::string& text) {
   size_t used = 0;
@@ -114,6 +138,9 @@ Args parse(int argc, char** argv) {
       a.lookup = true;
     } else if (arg == "--adaptive") {
       a.adaptive = true;
+    } else if (arg == "--draft-rows") {
+      a.draft_rows = value(i, arg);
+      row_policy(a.draft_rows);  // checked here, before the program loads
     } else if (arg == "--ignore-eos") {
       a.ignore_eos = true;
     } else if (arg == "--json") {
@@ -128,6 +155,9 @@ Args parse(int argc, char** argv) {
   }
   if (a.bundle.empty()) throw hyflash::Error("no BUNDLE given (see hyflash-run --help)");
   if (!a.has_prompt) throw hyflash::Error("--prompt-ids is required, e.g. --prompt-ids 1,2,3");
+  if (a.no_draft && a.draft_rows != "all")
+    throw hyflash::Error("--draft-rows " + a.draft_rows + " chooses among the drafter's rows, "
+                         "and --no-draft runs no drafter: drop one of them");
   int64_t cores = std::max(1u, std::thread::hardware_concurrency());
   if (a.threads > cores) {
     std::fprintf(stderr, "note: --threads %lld capped at %lld, the cores of this machine\n",
@@ -149,8 +179,9 @@ int run(const Args& a) {
   hyflash::ExecuTorchDrafter drafter(program);
   hyflash::ContextLookup lookup(3, 1, drafter.block_size());
   hyflash::RateGate gate;
+  std::unique_ptr<hyflash::RowPolicy> rows = row_policy(a.draft_rows);
   hyflash::Engine engine(target, a.no_draft ? nullptr : &drafter, a.lookup ? &lookup : nullptr,
-                         a.adaptive ? &gate : nullptr);
+                         a.adaptive ? &gate : nullptr, rows.get());
   std::vector<int64_t> eos;
   if (!a.ignore_eos) eos = program.manifest().eos_ids;
 

@@ -43,8 +43,8 @@ int64_t distribution_rows(const float* x, int64_t rows, int64_t n) {
 }
 
 Engine::Engine(TargetBackend& target, DrafterBackend* drafter, ContextLookup* lookup,
-               RateGate* gate)
-    : target_(target), drafter_(drafter), lookup_(lookup), gate_(gate) {
+               RateGate* gate, RowPolicy* rows)
+    : target_(target), drafter_(drafter), lookup_(lookup), gate_(gate), rows_(rows) {
   if (!drafter) return;
   if (lookup && lookup->block_size() != drafter->block_size())
     throw Error("lookup block size " + std::to_string(lookup->block_size()) +
@@ -166,16 +166,26 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, int64_t max_new_
         throw Error("drafter returned " + std::to_string(q.size()) + " logits, expected " +
                     std::to_string((B - 1) * V) + " (block size - 1, vocabulary)");
       const int64_t rows = distribution_rows(q.data(), r, V);
-      for (int64_t i = 0; i < rows; ++i) block.push_back(argmax(q.data() + i * V, V));
       s.draft_s += since(t);
       s.drafter_calls += 1;
-      s.dropped_draft_rows += r - rows;
+      int64_t kept = rows;
+      if (rows_) {  // broken rows stay "dropped"; rows the policy leaves out are "cut"
+        kept = rows_->choose(confidences(q.data(), rows, V));
+        if (kept < rows) {
+          s.cut_draft_rows += r - kept;
+          r = kept;
+        }
+      }
+      for (int64_t i = 0; i < kept; ++i) block.push_back(argmax(q.data() + i * V, V));
+      s.dropped_draft_rows += r - kept;
     }
 
     // verify: one target pass over [anchor, d_1..d_r] at pos
     t = Clock::now();
     target_.forward(block, pos, logits_, features_);
-    s.verify_s += since(t);
+    const double verify_s = since(t);
+    s.verify_s += verify_s;
+    if (rows_) rows_->record_verify(int64_t(block.size()), verify_s);
     s.target_calls += 1;
     s.rounds += 1;
     const double round_s = since(round_start);
@@ -186,6 +196,7 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, int64_t max_new_
     while (k < drafted && block[size_t(k + 1)] == argmax(logits_.data() + k * V, V)) ++k;
     const int64_t bonus = argmax(logits_.data() + k * V, V);
     s.accepted_drafts += k;
+    if (rows_ && choice == Proposer::drafter) rows_->record_accepted(k);
     for (int64_t i = 0; i < r; ++i) {
       s.position_proposed[size_t(i)] += 1;
       s.position_accepted[size_t(i)] += i < k;
@@ -204,6 +215,7 @@ Generation Engine::generate(const std::vector<int64_t>& prompt, int64_t max_new_
     }
     // roll back: everything after the last committed-and-processed token is dead
     target_.rollback(pos + n);
+    if (rows_ && choice == Proposer::drafter) rows_->record_overhead(since(round_start) - verify_s);
   }
 
   s.new_tokens = int64_t(g.tokens.size());

@@ -9,13 +9,15 @@
 // target's own greedy decode for any drafter. Without a drafter r is 0: plain decoding.
 // With a ContextLookup a round copies its drafts from the context where the last tokens
 // occurred before (the drafter elsewhere); with a RateGate each round takes whichever of
-// the lookup, the drafter and a plain decode has paid most (engine.py does the same).
+// the lookup, the drafter and a plain decode has paid most (engine.py does the same); with
+// a RowPolicy a drafter round proposes only the leading rows it keeps (draft_rows.h).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "draft_rows.h"
 #include "gate.h"
 #include "lookup.h"
 #include "stats.h"
@@ -57,10 +59,11 @@ struct Generation {
 
 class Engine {
  public:
-  // drafter, lookup and gate may be null (neither drafter nor lookup: plain decoding).
-  // Throws Error if the pair does not fit or the lookup's block is not the drafter's.
+  // drafter, lookup, gate and rows may be null (neither drafter nor lookup: plain
+  // decoding; no rows policy: every drafted row is proposed). Throws Error if the pair
+  // does not fit or the lookup's block is not the drafter's.
   Engine(TargetBackend& target, DrafterBackend* drafter, ContextLookup* lookup = nullptr,
-         RateGate* gate = nullptr);
+         RateGate* gate = nullptr, RowPolicy* rows = nullptr);
 
   int64_t block_size() const {
     return drafter_ ? drafter_->block_size() : lookup_ ? lookup_->block_size() : 1;
@@ -80,6 +83,7 @@ class Engine {
   DrafterBackend* drafter_;
   ContextLookup* lookup_;
   RateGate* gate_;
+  RowPolicy* rows_;
   std::vector<float> logits_, features_;
 };
 

@@ -56,6 +56,7 @@ std::string stats_json(const Stats& s) {
     << ", \"target_calls\": " << s.target_calls << ", \"drafter_calls\": " << s.drafter_calls
     << ", \"accepted_drafts\": " << s.accepted_drafts
     << ", \"dropped_draft_rows\": " << s.dropped_draft_rows
+    << ", \"cut_draft_rows\": " << s.cut_draft_rows
     << ", \"lookup_rounds\": " << s.lookup_rounds << ", \"plain_rounds\": " << s.plain_rounds
     << ", \"position_proposed\": " << list(s.position_proposed)
     << ", \"position_accepted\": " << list(s.position_accepted)
@@ -94,6 +95,9 @@ std::string stats_table(const Stats& s) {
   if (s.plain_rounds)
     rows.push_back({"rounds decoded plain by the gate",
                     std::to_string(s.plain_rounds) + " of " + std::to_string(s.rounds)});
+  if (s.cut_draft_rows)
+    rows.push_back({"drafted rows not proposed",
+                    std::to_string(s.cut_draft_rows) + " (draft rows policy)"});
   std::vector<std::pair<std::string, std::string>> times = {
       {"prefill", pct(s.prefill_s)},
       {"drafting", pct(s.draft_s)},

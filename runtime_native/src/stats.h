@@ -18,6 +18,7 @@ struct Stats {
   int64_t drafter_calls = 0;
   int64_t accepted_drafts = 0;
   int64_t dropped_draft_rows = 0;  // draft rows that were no distribution
+  int64_t cut_draft_rows = 0;      // drafted rows a rows policy left unproposed
   int64_t lookup_rounds = 0;       // rounds whose drafts were copied from the context
   int64_t plain_rounds = 0;        // rounds a rate gate decoded without drafts
   std::vector<int64_t> position_proposed, position_accepted;
