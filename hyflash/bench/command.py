@@ -183,6 +183,9 @@ def speed(args, suite, cache: Path, say) -> dict:
         binary = llamacpp.ensure_build(cache, args.setup_peers, say)
         gguf = llamacpp.gguf_for(suite.target, hf, cache, say)
         found += llamacpp.systems(binary, gguf, suite.max_seq_len)
+    elif args.no_peers:  # so the "2x the best peer" verdict says whom it did not compare with
+        skipped.append(Skipped("optimum, onnxruntime-genai, llama.cpp", "peer",
+                               "left out (--no-peers)"))
     systems += [s for s in found if isinstance(s, System)]
     skipped += [s for s in found if isinstance(s, Skipped)]
     say(f"speed: {len(systems)} systems x {args.runs} rounds, {len(ids)} prompts x "
