@@ -1,6 +1,7 @@
 """The rate gate: it picks what has paid most, tries what it has not measured, explores
 the runner-up now and then, and whatever it picks the output stays the target's own."""
 
+import itertools
 import random
 import time
 
@@ -86,7 +87,7 @@ class SlowWrongDrafter(PathDrafter):
         return super().propose(anchor, pos)
 
 
-def test_a_drafter_that_only_costs_is_gated_off_and_an_oracle_is_kept():
+def test_a_drafter_that_only_costs_is_gated_off_and_an_oracle_is_kept(monkeypatch):
     prompt = [3, 1, 4, 1, 5]
     want = expected(prompt, 24)[0]
     slow = SpeculativeEngine(BACKEND, SlowWrongDrafter(prompt, 4),
@@ -94,6 +95,11 @@ def test_a_drafter_that_only_costs_is_gated_off_and_an_oracle_is_kept():
     out = slow.generate(prompt, max_new_tokens=24)
     assert out.tokens == want
     assert out.stats.plain_rounds > 2 * out.stats.drafter_calls  # warmup + exploration only
+    # The oracle's rounds cost about what a plain decode does here, so one round stalled by
+    # a busy machine could make plain look faster for good: the engine's clock ticks 1 ms
+    # per reading instead, and a round costs what it does, not what the machine did.
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 0.001)
     oracle = SpeculativeEngine(BACKEND, PathDrafter(prompt, 4, "oracle"),
                                gate=RateGate(warmup=2, explore_every=100))
     out = oracle.generate(prompt, max_new_tokens=24)
