@@ -46,10 +46,9 @@ def policies(text: str) -> list[str]:
 
 
 def speed_prompts(tokenizer) -> list[list[int]]:
-    from hyflash.bench.prompts import code_prompts
+    from hyflash.bench.prompts import speed_texts
 
-    texts = code_prompts(2) + code_prompts(4, 2500, 5000)[2:]
-    return [tokenizer(t).input_ids for t in texts]
+    return [tokenizer(t).input_ids for t in speed_texts(2, 2)]  # the smollm2 suite's
 
 
 def measure(folder: Path, names: list[str], runs: int, n_threads: int, new: int) -> dict:

@@ -214,14 +214,11 @@ def resolve_drafter(name: str) -> str:
 
 
 def prompt_ids(hf: Path, suite) -> list[list[int]]:
-    from hyflash.bench.prompts import code_prompts
+    from hyflash.bench.prompts import speed_texts
     from hyflash.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(hf)
-    short, long = suite.prompts
-    texts = code_prompts(short) + (code_prompts(long + short, 2500, 5000)[short:] if long
-                                   else [])
-    ids = [tok(t).input_ids for t in texts]
+    ids = [tok(t).input_ids for t in speed_texts(*suite.prompts)]
     room = suite.max_seq_len - suite.new_tokens - 16
     for i, p in enumerate(ids):
         if len(p) > room:

@@ -5,7 +5,7 @@ the Python standard library (``hyflash.train.corpus``); these prompts come from 
 held-out split, so tau and speed are measured on unseen code.
 
 - ``code_prompts``: a file's beginning up to a ``def`` line, so the model continues a
-  function body (the demo's and the speed rows' prompts);
+  function body (the demo's prompts; ``speed_texts``: the speed rows', short and long);
 - ``context_windows``: windows of exactly n tokens of the held-out token stream, for
   tau at a given context length (as ``benchmarks/drafter_tau.py`` measures it).
 """
@@ -58,6 +58,13 @@ def code_prompts(n: int, min_chars: int = 300, max_chars: int = 1500) -> list[st
             return out
     raise HyflashError(f"this Python's held-out stdlib split gives only {len(out)} code prompts "
                        f"of {min_chars}-{max_chars} characters, not {n}: pass fewer")
+
+
+def speed_texts(short: int, long: int) -> list[str]:
+    """The speed rows' prompts: ``short`` code prompts of 300-1500 characters, then
+    ``long`` ones of 2500-5000 (from other files than the short ones)."""
+    return code_prompts(short) + (code_prompts(long + short, 2500, 5000)[short:] if long
+                                  else [])
 
 
 def context_windows(tokenizer, length: int, n: int, seed: int) -> list[list[int]]:

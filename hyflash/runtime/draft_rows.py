@@ -135,9 +135,14 @@ class ExpectedRate:
         return torch.tensor([self.accepted[b] / self.reached[b]
                              for b in map(self._bin, conf.tolist())], dtype=torch.float64)
 
-    def verify_cost(self, tokens: int) -> float | None:
-        """Estimated seconds of a verify of ``tokens`` tokens (None before any verify)."""
-        known = {t: s / w for t, (s, w) in self.verify.items()}
+    def verify_costs(self) -> dict[int, float]:
+        """Measured mean seconds of a verify, per length T."""
+        return {t: s / w for t, (s, w) in self.verify.items()}
+
+    def verify_cost(self, tokens: int, known: dict[int, float] | None = None) -> float | None:
+        """Estimated seconds of a verify of ``tokens`` tokens (None before any verify), from
+        ``known`` (``verify_costs()``, computed here when not given)."""
+        known = self.verify_costs() if known is None else known
         if not known:
             return None
         if tokens in known:
@@ -167,9 +172,10 @@ class ExpectedRate:
         rows = conf.numel()
         t_round = self.overhead[0] / self.overhead[1] if self.overhead[1] else 0.0
         expected = 1.0 + torch.cumprod(self.calibrated(conf), 0).cumsum(0)
+        known = self.verify_costs()
         best, best_rate = rows, -1.0
         for k in range(rows + 1):
-            cost = self.verify_cost(k + 1)
+            cost = self.verify_cost(k + 1, known)
             if cost is None:
                 return rows
             gain = 1.0 if k == 0 else float(expected[k - 1])
