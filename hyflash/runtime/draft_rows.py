@@ -32,6 +32,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from hyflash.runtime.sampling import leading
+
 
 class RowPolicy(Protocol):
     def choose(self, conf: torch.Tensor) -> int: ...
@@ -53,12 +55,6 @@ def confidences(logits: torch.Tensor) -> torch.Tensor:
         top = x.max(axis=-1, keepdims=True)
         conf = 1.0 / np.exp(x - top).sum(axis=-1)
     return torch.from_numpy(conf.astype(np.float32))
-
-
-def leading(mask: torch.Tensor) -> int:
-    """Length of the leading run of True in a 1-D bool tensor."""
-    bad = ~mask
-    return int(bad.int().argmax()) if bool(bad.any()) else mask.numel()
 
 
 class Cutoff:

@@ -66,5 +66,9 @@ def distribution_rows(x: torch.Tensor) -> int:
     and neither can the rows after it, since they were drafted as its continuation.
     """
     inf = float("inf")
-    ok = ~(x.isnan() | (x == inf)).any(-1) & (x > -inf).any(-1)
-    return int(ok.long().cumprod(0).sum())
+    return leading(~(x.isnan() | (x == inf)).any(-1) & (x > -inf).any(-1))
+
+
+def leading(mask: torch.Tensor) -> int:
+    """Length of the leading run of True in a 1-D bool tensor."""
+    return int(mask.long().cumprod(0).sum())
