@@ -12,7 +12,7 @@ no decoding). Where the CPU has bf16 hardware the pass and the steps run in bf16
 in float32 (``precision``). ``--sequences N`` (a multiple of 128) trains on the first
 N/128 shards, which are exactly the data of a run of N continuations (a shard depends
 only on the seed and its number): the committed folder of each N holds only the shards
-no smaller committed run holds (4096: shards 0-31, 8192: 32-63, 16384: 64-107 so far),
+no smaller committed run holds (4096: shards 0-31, 8192: 32-63, 16384: 64-127),
 and a run restores each shard from whichever has it, decoding only the shards none has.
 In the same --work, ``hyflash train`` also links the shards of a finished run of fewer
 continuations (``command.grown_from``).
