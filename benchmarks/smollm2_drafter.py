@@ -54,7 +54,7 @@ SEQUENCES, SHARD = 8192, 128  # the default run: 64 shards of 128 continuations
 DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32",
         "--features", "cache"]
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
-         "--eval-every", "100", "--keep", "best"]  # val.jsonl: does the full data overfit?
+         "--keep", "best"]  # val.jsonl (every --eval-every steps): does the full data overfit?
 
 
 def precision() -> str:
@@ -65,9 +65,9 @@ def precision() -> str:
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
 
 
-def recipe(sequences: int, steps: int, arithmetic: str) -> list[str]:
+def recipe(sequences: int, steps: int, arithmetic: str, eval_every: int = 100) -> list[str]:
     return [*DATA, "--feature-precision", arithmetic, "--sequences", str(sequences), *TRAIN,
-            "--precision", arithmetic, "--steps", str(steps)]
+            "--eval-every", str(eval_every), "--precision", arithmetic, "--steps", str(steps)]
 
 
 def gguf() -> Path:
@@ -190,6 +190,9 @@ def main() -> None:
                          "the rest decoded; a finished run of fewer in --work lends its "
                          "shards")
     ap.add_argument("--steps", type=int, default=3000, help="training steps")
+    ap.add_argument("--eval-every", type=int, default=100,
+                    help="steps between validations (each ~40 s with 16384 continuations; "
+                         "a run resumes under another value)")
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
     ap.add_argument("--heads", type=int, default=9,
                     help="drafter attention heads (9, the target's: head size 64)")
@@ -211,8 +214,8 @@ def main() -> None:
     restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
-           *recipe(args.sequences, args.steps, arithmetic), "--layers", str(args.layers),
-           "--heads", str(args.heads), "--init", args.init]
+           *recipe(args.sequences, args.steps, arithmetic, args.eval_every),
+           "--layers", str(args.layers), "--heads", str(args.heads), "--init", args.init]
     if args.data_only:
         cmd.append("--data-only")
     if args.nproc > 1:
