@@ -6,12 +6,14 @@ greedy continuations of 128 tokens after code prompts of up to 512 tokens, throu
 135M-parameter target on this CPU: with ``--nproc 2`` and bf16 features (a CPU with bf16
 hardware) 32 shards of 128 took 1 h 42 min (4096 -> 8192). A session of this machine may
 end before that and the next may start on a fresh disk, so the tokens travel in the
-repository (``benchmarks/distill/``, about 0.2 MB a shard); the features and greedy
-labels (GBs) are recomputed from them by ``hyflash train`` (one causal pass per batch,
-no decoding). Where the CPU has bf16 hardware the pass and the steps run in bf16, else
-in float32 (``precision``). ``--sequences N`` (a multiple of 128) trains on the first
-N/128 shards, which are exactly the data of a run of N continuations (a shard depends
-only on the seed and its number): the committed folder of each N holds only the shards
+repository (``benchmarks/distill/``, about 0.4 MB a shard with the target's greedy labels
+after every token, which the prompt anchors need); the features (GBs) are recomputed from
+them by ``hyflash train`` (one causal pass per batch up to the last tap layer, no
+decoding, no LM head where the labels are of the same precision). Where the CPU has bf16
+hardware the pass and the steps run in bf16, else in float32 (``precision``).
+``--sequences N`` (a multiple of 128) trains on the first N/128 shards, which are exactly
+the data of a run of N continuations (a shard depends only on the seed and its number):
+the committed folder of each N holds only the shards
 no smaller committed run holds (4096: shards 0-31, 8192: 32-63, 16384: 64-127),
 and a run restores each shard from whichever has it, decoding only the shards none has.
 In the same --work, ``hyflash train`` also links the shards of a finished run of fewer
@@ -20,9 +22,9 @@ continuations (``command.grown_from``).
     python benchmarks/smollm2_drafter.py              # restore tokens, generate/train, resume
     python benchmarks/smollm2_drafter.py --sequences 1024 --steps 1000   # a smaller run
     python benchmarks/smollm2_drafter.py --data-only  # stop after the data
-    python benchmarks/smollm2_drafter.py --sequences 8192 --save-tokens  # the tokens of
-                                 # finished shards no committed folder holds -> benchmarks/
-                                 # distill/ (then commit)
+    python benchmarks/smollm2_drafter.py --sequences 8192 --save-tokens  # the tokens and
+                                 # labels of finished shards no committed folder holds ->
+                                 # benchmarks/distill/ (then commit)
     python benchmarks/smollm2_drafter.py --nproc 2    # two processes (torchrun), one core each
     python benchmarks/smollm2_drafter.py --heads 9 --init target  # layers start as the
                                                       # target's last two decoder layers
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -102,27 +105,41 @@ def folders(target: Path, work: Path, sequences: int,
     return cached, tokens, ([own] if own.is_dir() else []) + others
 
 
-def save_tokens(cached: Path, dest: Path, committed: list[Path]) -> None:
-    """Every finished shard of the cached data that no committed folder holds -> a
-    tokens-only shard in ``dest`` (a folder of TOKENS): a larger run commits only the
-    shards beyond the smaller runs' ones."""
+def save_tokens(cached: Path, dest: Path, committed: list[Path], arithmetic: str) -> None:
+    """Every finished shard of the cached data -> a tokens-only shard with the target's
+    greedy labels (computed by the cached run's ``arithmetic`` pass, so that a features
+    pass at that precision on a fresh disk skips the LM head) in ``dest`` (a folder of
+    TOKENS), unless a committed folder holds it already with those labels: a larger run
+    commits only the shards beyond the smaller runs' ones, and a committed shard of tokens
+    alone gains its labels in place (its tokens checked equal)."""
+    import numpy as np
+
+    from hyflash.errors import HyflashError
     from hyflash.train.shards import Shard, shard_files, shard_path, write_shard
 
-    elsewhere = [c for c in committed if c != dest]
+    folders = [dest, *(c for c in committed if c != dest)]
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(cached / "spec.json", dest / "spec.json")
-    n = 0
+    added = labelled = 0
     for s, path in shard_files(cached).items():
-        if (dest / path.name).exists() or any(shard_path(c, s).exists() for c in elsewhere):
+        held = next((f for c in folders if (f := shard_path(c, s)).exists()), None)
+        if held is not None and Shard(held).greedy_precision == arithmetic:
             continue
         src = Shard(path)
-        write_shard(dest, s, [src.tokens(i).numpy() for i in range(len(src))], None, src.meta)
-        n += 1
-    have = set(shard_files(dest)).union(*(shard_files(c) for c in elsewhere))
+        toks = [src.tokens(i).numpy() for i in range(len(src))]
+        if held is not None and not all(np.array_equal(a, Shard(held).tokens(i).numpy())
+                                        for i, a in enumerate(toks)):
+            raise HyflashError(f"{held} and {path} hold different tokens: not the same data")
+        greedy = [src.greedy(i).numpy() for i in range(len(src))] if src.has_greedy else None
+        write_shard(held.parent if held is not None else dest, s, toks, None, src.meta,
+                    greedy=greedy, greedy_precision=arithmetic if greedy else None)
+        added, labelled = added + (held is None), labelled + (held is not None)
+    have = set().union(*(shard_files(c) for c in folders))
     spec = json.loads((cached / "spec.json").read_text())
     total = -(-spec["sequences"] // spec["shard"])
-    print(f"{n} shard(s) added to {dest}; the committed tokens hold "
-          f"{len([s for s in have if s < total])}/{total} shards of this run")
+    print(f"{added} shard(s) added to {dest}, {labelled} committed shard(s) given their "
+          f"greedy labels; the committed tokens hold {len([s for s in have if s < total])}"
+          f"/{total} shards of this run")
 
 
 def ship(trained: Path, dest: Path = SHIPPED) -> None:
@@ -162,8 +179,12 @@ def restore_tokens(work: Path, tokens_name: str, committed: list[Path],
     n = 0
     for s in range(sequences // SHARD):
         src = next((f for c in committed if (f := shard_path(c, s)).exists()), None)
-        if src is not None and not (dest / src.name).exists():
-            shutil.copy(src, dest / src.name)
+        if src is None:
+            continue
+        mine = dest / src.name  # replaced when it differs: the committed one gained labels
+        if not mine.exists() or mine.stat().st_size != src.stat().st_size:
+            shutil.copy(src, mine.with_suffix(".tmp"))
+            os.replace(mine.with_suffix(".tmp"), mine)
             n += 1
     print(f"{n} shard(s) of tokens restored from {', '.join(str(c) for c in committed)} "
           f"into {dest}")
@@ -177,8 +198,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=root / "work" / "smollm2-hyflash")
     ap.add_argument("--data-only", action="store_true")
     ap.add_argument("--save-tokens", action="store_true",
-                    help="copy the tokens of the finished shards that no committed folder "
-                         "holds into benchmarks/distill/ (then commit)")
+                    help="copy the tokens and greedy labels of the finished shards that no "
+                         "committed folder holds into benchmarks/distill/, and add the labels "
+                         "to committed shards without them (then commit)")
     ap.add_argument("--ship", action="store_true",
                     help="write the drafter in --out, in float16, to "
                          f"{SHIPPED.relative_to(HERE.parent)} (then commit)")
@@ -209,7 +231,7 @@ def main() -> None:
     arithmetic = precision()
     cached, tokens, committed = folders(target, args.work, args.sequences, arithmetic)
     if args.save_tokens:
-        save_tokens(cached, TOKENS / tokens.name, committed)
+        save_tokens(cached, TOKENS / tokens.name, committed, arithmetic)
         return
     restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),

@@ -5,6 +5,7 @@ one line."""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import WORDS
@@ -14,7 +15,7 @@ from hyflash.errors import HyflashError
 from hyflash.models.target import Target
 from hyflash.train import command, distributed, engines, features
 from hyflash.train.data import DataSpec, continue_batch, generate_dataset
-from hyflash.train.shards import DistillSet
+from hyflash.train.shards import DistillSet, Shard, shard_files, write_shard
 
 torch.set_num_threads(1)
 SPEC = DataSpec(sequences=8, gen_len=6, short_prompt=(4, 8), long_prompt=(12, 20), batch=4,
@@ -162,6 +163,49 @@ def test_features_are_computed_for_tokens_generated_earlier(tmp_path, target, st
         generate_dataset(target, stream, SPEC, tmp_path / "partial", progress=False,
                          engine=NoDecoding(), tokens_from=tokens)
     assert (tmp_path / "partial" / "shard0000.safetensors").exists()
+
+
+def labelled_tokens(cached, out, precision):
+    """The tokens-only form of a cached folder that keeps its greedy labels, recorded as
+    computed at ``precision`` (what ``benchmarks/smollm2_drafter.py --save-tokens``
+    commits)."""
+    out.mkdir()
+    (out / "spec.json").write_text((cached / "spec.json").read_text())
+    for s, path in shard_files(cached).items():
+        src = Shard(path)
+        write_shard(out, s, [src.tokens(i).numpy() for i in range(len(src))], None, src.meta,
+                    greedy=[src.greedy(i).numpy() for i in range(len(src))],
+                    greedy_precision=precision)
+    return out
+
+
+def test_greedy_labels_that_travel_with_the_tokens_spare_the_lm_head(tmp_path, target, stream,
+                                                                     monkeypatch):
+    """Tokens with their labels of the same precision: the features pass stops at the last
+    tap layer (no LM head: the labelling pass is never called) and writes the same features
+    and labels as the pass that computes both; labels of another precision are recomputed."""
+    fresh = generate_dataset(target, stream, SPEC, tmp_path / "fresh", progress=False)
+    tokens = labelled_tokens(fresh, tmp_path / "tokens", "float32")
+    assert not DistillSet(tokens).has_features and DistillSet(tokens).has_greedy
+    calls = []
+    labelling = features.features_and_greedy
+    monkeypatch.setattr(features, "features_and_greedy",
+                        lambda *a, **k: calls.append(1) or labelling(*a, **k))
+    taken = generate_dataset(target, stream, SPEC, tmp_path / "taken", progress=False,
+                             engine=NoDecoding(), tokens_from=tokens)
+    assert calls == []
+    a, b = DistillSet(fresh), DistillSet(taken)
+    for i in range(SPEC.sequences):
+        (ta, fa, pa), (tb, fb, pb) = a.get(i), b.get(i)
+        assert torch.equal(ta, tb) and pa == pb and torch.equal(a.greedy(i), b.greedy(i))
+        torch.testing.assert_close(fa, fb, atol=2e-3, rtol=1e-2)
+    other = labelled_tokens(fresh, tmp_path / "other", "bfloat16")
+    generate_dataset(target, stream, SPEC, tmp_path / "relabelled", progress=False,
+                     engine=NoDecoding(), tokens_from=other)
+    assert len(calls) == SPEC.sequences // SPEC.batch  # one labelling pass per batch
+    with pytest.raises(ValueError, match="one per fed token"):
+        write_shard(tmp_path, 9, [np.arange(5)], None, [{"prompt_len": 2, "sampled": False}],
+                    greedy=[np.arange(5)])
 
 
 

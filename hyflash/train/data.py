@@ -144,11 +144,15 @@ def _continue(target, prompts, gen_len, sample, temperature, gen, features):
 
 
 def features_for(target: Target, tokens: list[np.ndarray], batch: int,
-                 precision: str = "float32") -> tuple[list[np.ndarray], list[np.ndarray]]:
+                 precision: str = "float32", greedy: list[np.ndarray] | None = None
+                 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The target's features (float16 [T-1, F]) and greedy labels (int32 [T-1]) of
     sequences generated earlier: one causal pass (at ``precision``) per run of up to
-    ``batch`` consecutive sequences of equal length (a generation batch has one length)."""
-    from hyflash.train.features import features_and_greedy
+    ``batch`` consecutive sequences of equal length (a generation batch has one length).
+    greedy: their labels from an earlier pass at the same precision; the pass then stops
+    at the last tap layer and skips the LM head (on SmolLM2-135M a third of its time),
+    the features the same."""
+    from hyflash.train.features import features_and_greedy, target_features
 
     device = target.embed_tokens.weight.device
     out: list[np.ndarray] = []
@@ -159,9 +163,13 @@ def features_for(target: Target, tokens: list[np.ndarray], batch: int,
         while j < len(tokens) and j - i < batch and len(tokens[j]) == len(tokens[i]):
             j += 1
         t = torch.from_numpy(np.stack(tokens[i:j])).long().to(device)
-        f, g = features_and_greedy(target, t[:, :-1], precision)
+        if greedy is None:
+            f, g = features_and_greedy(target, t[:, :-1], precision)
+            labels += [x.cpu().numpy().astype(np.int32) for x in g]
+        else:
+            f = target_features(target, t[:, :-1], precision)
+            labels += [np.asarray(x, np.int32) for x in greedy[i:j]]
         out += [x.cpu().numpy() for x in f.half()]
-        labels += [x.cpu().numpy().astype(np.int32) for x in g]
         i = j
     return out, labels
 
@@ -228,8 +236,12 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
         if features and tokens_from is not None and shard_path(tokens_from, s).exists():
             src = Shard(shard_path(tokens_from, s))
             toks = [src.tokens(i).numpy().astype(np.int32) for i in range(len(src))]
-            feats, labels = features_for(target, toks, spec.batch, feature_precision)
-            write_shard(out, s, toks, feats, src.meta, greedy=labels)
+            known = src.has_greedy and src.greedy_precision == feature_precision
+            feats, labels = features_for(target, toks, spec.batch, feature_precision,
+                                         [src.greedy(i).numpy() for i in range(len(src))]
+                                         if known else None)
+            write_shard(out, s, toks, feats, src.meta, greedy=labels,
+                        greedy_precision=feature_precision)
             bar.update(size)
             continue
         rng = np.random.default_rng([spec.seed, s])
@@ -260,6 +272,6 @@ def generate_dataset(target: Target, stream: np.ndarray, spec: DataSpec, out: Pa
             done += n
             bar.update(n)
         write_shard(out, s, toks, feats if features else None, meta,
-                    greedy=labels if features else None)
+                    greedy=labels if features else None, greedy_precision=feature_precision)
     bar.close()
     return out

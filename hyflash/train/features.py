@@ -78,12 +78,14 @@ def autocast(precision: str, device_type: str):
 
 
 @torch.no_grad()
-def target_features(target, tokens: torch.Tensor) -> torch.Tensor:
+def target_features(target, tokens: torch.Tensor, precision: str = "float32") -> torch.Tensor:
     """tokens [N, T] -> the target's tap features [N, T, F] (float32), as generation
     computes them, by a causal pass from position 0 without a KV cache; layers after the
     last tap layer and the LM head are skipped. Padding after a sequence's end changes
-    nothing before it (causal)."""
-    return causal_pass(target, tokens, greedy=False)[0]
+    nothing before it (causal). precision: as ``features_and_greedy``'s, whose features
+    these equal (the same layers, the same arithmetic)."""
+    with autocast(precision, tokens.device.type):
+        return causal_pass(target, tokens, greedy=False)[0]
 
 
 @torch.no_grad()

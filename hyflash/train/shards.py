@@ -3,9 +3,11 @@
 A shard is one ``shardNNNN.safetensors`` file: ``tokens`` (int32, the shard's sequences
 concatenated), ``features`` (float16 [rows, F], the target's tap features of every fed
 token; absent when the run recomputes them in the training step), ``greedy`` (int32
-[rows], the target's argmax after every fed token, beside the features; absent in folders
-written before it existed) and, in the header's
-metadata, the offsets and prompt length of every sequence. It is written to a temp file
+[rows], the target's argmax after every fed token, beside the features or in a tokens-only
+shard, where a later features pass at the same precision takes them instead of running
+the LM head; absent in folders written before it existed) and, in the header's
+metadata, the offsets and prompt length of every sequence (and the precision of the pass
+that computed ``greedy``, where known). It is written to a temp file
 and renamed, so a shard exists whole or not at all and an interrupted run resumes at the
 next missing one. safetensors because a reader can slice one sequence out of a shard
 without loading the rest (the file is memory-mapped), and every framework reads it.
@@ -52,22 +54,29 @@ def offsets(lengths) -> list[int]:
 
 
 def write_shard(folder: Path, s: int, toks: list[np.ndarray], feats: list[np.ndarray] | None,
-                meta: list[dict], greedy: list[np.ndarray] | None = None) -> Path:
+                meta: list[dict], greedy: list[np.ndarray] | None = None,
+                greedy_precision: str | None = None) -> Path:
     """One shard: sequences' tokens, their features (None: not cached), the target's
-    greedy labels (as long as the features) and per-sequence metadata ({"prompt_len",
-    "sampled"}), atomically."""
+    greedy labels (one per fed token, as long as the features; with or without them) and
+    per-sequence metadata ({"prompt_len", "sampled"}), atomically. greedy_precision: the
+    precision of the pass that computed the labels (``features.PRECISIONS``)."""
     from safetensors.torch import save_file
 
     tensors = {"tokens": torch.from_numpy(np.concatenate(toks).astype(np.int32))}
     index = {"format": FORMAT, "token_offsets": offsets([len(t) for t in toks]),
              "sequences": meta}
+    fed = [len(f) for f in feats] if feats is not None else [len(t) - 1 for t in toks]
+    if feats is not None or greedy is not None:  # rows of the per-fed-token arrays
+        index["feature_offsets"] = offsets(fed)
     if feats is not None:
         tensors["features"] = torch.from_numpy(np.concatenate(feats).astype(np.float16))
-        index["feature_offsets"] = offsets([len(f) for f in feats])
     if greedy is not None:
-        if feats is None or [len(g) for g in greedy] != [len(f) for f in feats]:
-            raise ValueError("greedy labels must come with features of the same lengths")
+        if [len(g) for g in greedy] != fed:
+            raise ValueError("greedy labels must be one per fed token, as long as the "
+                             "features")
         tensors["greedy"] = torch.from_numpy(np.concatenate(greedy).astype(np.int32))
+        if greedy_precision is not None:
+            index["greedy_precision"] = greedy_precision
     out = shard_path(folder, s)
     tmp = out.with_suffix(".tmp")
     save_file(tensors, tmp, metadata={META_KEY: json.dumps(index)})
@@ -100,6 +109,7 @@ class Shard:
         self.token_offsets = index["token_offsets"]
         self.feature_offsets = index.get("feature_offsets")
         self.meta = index["sequences"]
+        self.greedy_precision = index.get("greedy_precision")  # None: not recorded
         self.prompt_lens = [int(m["prompt_len"]) for m in self.meta]
 
     def __len__(self) -> int:
