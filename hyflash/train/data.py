@@ -150,8 +150,8 @@ def features_for(target: Target, tokens: list[np.ndarray], batch: int,
     sequences generated earlier: one causal pass (at ``precision``) per run of up to
     ``batch`` consecutive sequences of equal length (a generation batch has one length).
     greedy: their labels from an earlier pass at the same precision; the pass then stops
-    at the last tap layer and skips the LM head (on SmolLM2-135M a third of its time),
-    the features the same."""
+    at the last tap layer and skips the LM head (on SmolLM2-135M at bf16, half its time:
+    ``benchmarks/label_pass.py``), the features the same."""
     from hyflash.train.features import features_and_greedy, target_features
 
     device = target.embed_tokens.weight.device
