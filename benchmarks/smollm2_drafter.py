@@ -51,7 +51,7 @@ from hyflash.models.gguf import cache_root
 HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
 SHIPPED = HERE / "drafters" / "smollm2-hyflash"  # the drafter in the repository (fp16)
-SEQUENCES, SHARD = 8192, 128  # the default run: 64 shards of 128 continuations
+SEQUENCES, SHARD = 16384, 128  # the default run: all 128 committed shards of 128 continuations
 # features cached (memory-mapped from disk) past hyflash's 16 GiB default too: recomputing
 # them would rerun the target in every step (16384 continuations: 20.5 GiB of bf16 features)
 DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32",
@@ -211,8 +211,8 @@ def main() -> None:
                          f"{SEQUENCES}): the shards benchmarks/distill/ holds are restored, "
                          "the rest decoded; a finished run of fewer in --work lends its "
                          "shards")
-    ap.add_argument("--steps", type=int, default=3000, help="training steps")
-    ap.add_argument("--eval-every", type=int, default=100,
+    ap.add_argument("--steps", type=int, default=4500, help="training steps")
+    ap.add_argument("--eval-every", type=int, default=250,
                     help="steps between validations (each ~40 s with 16384 continuations; "
                          "a run resumes under another value)")
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
