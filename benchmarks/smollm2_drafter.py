@@ -28,6 +28,8 @@ continuations (``command.grown_from``).
     python benchmarks/smollm2_drafter.py --nproc 2    # two processes (torchrun), one core each
     python benchmarks/smollm2_drafter.py --heads 9 --init target  # layers start as the
                                                       # target's last two decoder layers
+    python benchmarks/smollm2_drafter.py --init benchmarks/drafters/smollm2-hyflash \
+        --sequences 8192 --steps 2500 --lr 5e-4      # train the shipped drafter further
     python benchmarks/smollm2_drafter.py --ship       # the drafter in --out -> benchmarks/drafters/
                                                       # smollm2-hyflash in float16 (then commit)
 
@@ -218,8 +220,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
     ap.add_argument("--heads", type=int, default=9,
                     help="drafter attention heads (9, the target's: head size 64)")
-    ap.add_argument("--init", choices=("random", "target"), default="random",
-                    help="the drafter's starting weights (hyflash train --init)")
+    ap.add_argument("--init", default="random", metavar="random|target|DIR",
+                    help="the drafter's starting weights (hyflash train --init): DIR = a "
+                         "drafter to train further, e.g. the shipped one (its fp16 weights)")
+    ap.add_argument("--lr", type=float, default=1e-3,
+                    help="peak learning rate (hyflash train --lr; default 1e-3)")
     args = ap.parse_args()
     if args.sequences % SHARD or args.sequences <= 0:
         ap.error(f"--sequences must be a positive multiple of {SHARD}, not {args.sequences}")
@@ -237,7 +242,8 @@ def main() -> None:
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
            *recipe(args.sequences, args.steps, arithmetic, args.eval_every),
-           "--layers", str(args.layers), "--heads", str(args.heads), "--init", args.init]
+           "--layers", str(args.layers), "--heads", str(args.heads), "--init", args.init,
+           "--lr", str(args.lr)]
     if args.data_only:
         cmd.append("--data-only")
     if args.nproc > 1:

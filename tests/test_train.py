@@ -279,6 +279,38 @@ def test_target_init_trains_from_the_targets_last_layers_in_a_run_of_its_own(
     torch.testing.assert_close(mlp, target.layers[2].mlp.down_proj.weight)
 
 
+def test_drafter_init_trains_a_trained_drafter_further_in_a_run_of_its_own(
+        model_folder, corpus, tmp_path, capsys):
+    """--init DIR starts from DIR's weights and draft vocabulary (the data of this run would
+    rank another vocabulary), names its run after DIR's weights, and refuses a shape that
+    differs from DIR's with the flag to change."""
+    first = tmp_path / "first"
+    assert main(small_run(model_folder, corpus, first, "--draft-vocab", "20")) == 0
+    ids = load_drafter(first, Target.from_pretrained(model_folder)).draft_head.ids.clone()
+    out = tmp_path / "again"
+    other = tmp_path / "other.txt"  # other text: a vocabulary ranked on it would differ
+    other.write_text(" ".join(f"w{(i * 7) % 46}" for i in range(3000)))
+    capsys.readouterr()
+    assert main(small_run(model_folder, other, out, "--draft-vocab", "20", "--keep-work",
+                          "--init", str(first), "--steps", "1", "--lr", "1e-9")) == 0
+    assert f"init: weights and draft vocabulary of the drafter at {first}" in \
+        capsys.readouterr().out
+    (run,) = (tmp_path / "again.work").glob("data-*/train-*")
+    assert run.name.startswith("train-hyflash-dv20-L1-h4-B4-w8-s1-b2-a4-lr1e-09-initdrafter")
+    target = Target.from_pretrained(model_folder)
+    a, b = load_drafter(first, target), load_drafter(out, target)
+    assert torch.equal(b.draft_head.ids, ids)
+    assert main(small_run(model_folder, other, tmp_path / "fresh", "--draft-vocab", "20")) == 0
+    assert not torch.equal(load_drafter(tmp_path / "fresh", target).draft_head.ids, ids)
+    for k, v in a.trainable_state().items():  # one step at lr 1e-9
+        torch.testing.assert_close(b.trainable_state()[k], v, msg=k)
+    assert main(small_run(model_folder, corpus, tmp_path / "wide", "--draft-vocab", "20",
+                          "--init", str(first), "--layers", "2")) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--init {first}: that drafter's shape differs" in err and \
+        "--layers 2 here, 1 there" in err and "\n" not in err
+
+
 def test_data_only_generates_the_data_and_stops(model_folder, corpus, tmp_path, capsys):
     out = tmp_path / "drafter"
     assert main(small_run(model_folder, corpus, out, "--data-only")) == 0

@@ -12,6 +12,11 @@ of their shape.
 This needs the drafter's heads to match the target's (``--heads`` = the target's query
 heads, so head_dim agrees) and a Llama-style attention (no q/k norm, no q/k/v bias):
 anything else is a clear error, not a silent partial copy.
+
+``--init DIR``: every weight of a drafter trained earlier for the same target, draft
+vocabulary included, to train it further (on more data, or for more steps in a later
+session, whose disk may not hold the first run's checkpoint). Its config must equal the
+one the flags ask for; a difference names the flag to change.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import torch
 from hyflash.errors import HyflashError
 
 INITS = ("random", "target")
+FLAGS = {"num_layers": "--layers", "num_heads": "--heads", "block_size": "--block-size",
+         "window": "--window", "memory": "--memory", "arch": "--arch",
+         "draft_vocab": "--draft-vocab", "max_seq_len": "--max-seq-len"}
 
 
 def check_target_init(drafter, target) -> None:
@@ -76,3 +84,17 @@ def init_from_target(drafter, target) -> list[int]:
                                                        t.num_attention_heads))
     drafter.norm.load_state_dict(target.norm.state_dict())
     return copied
+
+
+def init_from_drafter(drafter, folder, target):
+    """The drafter saved in folder, loaded onto target (its dtype) to train on, if its config
+    is the one drafter (built from the flags) has; else a HyflashError naming the flags."""
+    from hyflash.models.drafter_folder import load_drafter, read_drafter_config
+
+    folder, cfg, _ = read_drafter_config(folder)
+    diff = [f"{FLAGS.get(k, k)} {getattr(drafter.cfg, k)!r} here, {v!r} there"
+            for k, v in vars(cfg).items() if getattr(drafter.cfg, k) != v]
+    if diff:
+        raise HyflashError(f"--init {folder}: that drafter's shape differs from this run's "
+                           f"({'; '.join(diff)}): pass its values")
+    return load_drafter(folder, target).train()

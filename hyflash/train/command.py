@@ -39,6 +39,25 @@ PARALLEL = ("ddp", "fsdp")
 KEEP = ("last", "best")  # loop.KEEP
 
 
+def init_choice(value: str) -> str:
+    """--init: one of INITS or a drafter folder (checked when the target is loaded)."""
+    if value in INITS or Path(value).is_dir():
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is neither {' nor '.join(INITS)} nor a "
+                                     "drafter folder")
+
+
+def init_tag(init: str) -> str:
+    """--init in the run folder's name: the name of INITS, or the init drafter's weights'
+    digest (runs from different drafters never resume each other's checkpoint)."""
+    import hashlib
+
+    if init in INITS:
+        return init
+    digest = hashlib.sha1((Path(init) / "model.safetensors").read_bytes()).hexdigest()
+    return f"drafter{digest[:8]}"
+
+
 def run_suffix(spec) -> str:
     """The training settings that differ from the defaults, in the run folder's name: runs
     of other settings on the same data live side by side instead of refusing to resume
@@ -85,10 +104,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("drafter")
     g.add_argument("--layers", type=positive_int, default=2)
     g.add_argument("--heads", type=positive_int, default=8)
-    g.add_argument("--init", choices=INITS, default=INITS[0],
-                   help="the drafter's starting weights: random, or target (its layers "
-                        "start as the target's last --layers decoder layers; needs --heads "
-                        "= the target's attention heads and a Llama-style attention)")
+    g.add_argument("--init", type=init_choice, default=INITS[0], metavar="random|target|DIR",
+                   help="the drafter's starting weights: random; target (its layers start as "
+                        "the target's last --layers decoder layers; needs --heads = the "
+                        "target's attention heads and a Llama-style attention); or DIR, a "
+                        "drafter written by `hyflash train` for this target, to train further "
+                        "(its weights and draft vocabulary; the shape flags must match its "
+                        "config; the optimizer and the learning-rate schedule start afresh)")
     g.add_argument("--block-size", type=positive_int, default=8,
                    help="B: one pass drafts B-1 tokens")
     g.add_argument("--window", type=positive_int, default=64, help="local window W (hyflash only)")
@@ -197,7 +219,7 @@ def run_on(args: argparse.Namespace, d) -> int:
 
     from hyflash.models.draft_vocab import rank_counts
     from hyflash.models.drafter import Drafter
-    from hyflash.models.drafter_init import init_from_target
+    from hyflash.models.drafter_init import init_from_drafter, init_from_target
     from hyflash.models.target import Target, resolve_model_folder
     from hyflash.models.tokenizer import load_tokenizer
     from hyflash.train.corpus import corpus_digest, read_corpus
@@ -240,6 +262,9 @@ def run_on(args: argparse.Namespace, d) -> int:
                                     {"window": args.window, "memory": args.memory}))
     if args.init == "target":
         say(f"init: drafter layers start as target layers {init_from_target(drafter, target)}")
+    elif args.init != INITS[0]:
+        drafter = init_from_drafter(drafter, args.init, target)
+        say(f"init: weights and draft vocabulary of the drafter at {args.init}")
     spec = data_spec(args, target.cfg.max_seq_len)
     lanes = check_world(d.world, args.batch, spec.shards)
     mine = rank_shards(d.rank, d.world, spec.shards, lanes)
@@ -278,14 +303,14 @@ def run_on(args: argparse.Namespace, d) -> int:
         say(f"data ready in {data_dir}; rerun without --data-only to train")
         return 0
     data = DistillSet(data_dir).keep(mine)
-    if drafter.draft_head is not None:
+    if drafter.draft_head is not None and args.init in INITS:  # else the init drafter's
         gen, prompt = data.token_counts(target.cfg.vocab_size)
         drafter.draft_head.set_ids(rank_counts(d.sum(torch.from_numpy(gen)).numpy(),
                                                d.sum(torch.from_numpy(prompt)).numpy(),
                                                args.draft_vocab))
     run_name = f"train-{args.arch}" + (f"-dv{args.draft_vocab}" if args.draft_vocab else "")
     run_name += shape_suffix(args) + run_suffix(train_spec)
-    run_name += "" if args.init == INITS[0] else f"-init{args.init}"
+    run_name += "" if args.init == INITS[0] else f"-init{init_tag(args.init)}"
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
     report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet,
