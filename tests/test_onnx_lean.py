@@ -236,3 +236,26 @@ def test_export_refuses_the_lean_form_for_a_head_dim_it_cannot_take(tmp_path, ca
     assert code == 2 and err.count("\n") == 1, err
     assert "multiple of 16" in err and "--target-graph optimum" in err
     assert not (tmp_path / "bundle").exists()
+
+
+def test_requantizing_only_the_drafter_leaves_the_target_fp32_and_names_the_mix(
+        bundles, tmp_path):
+    """``requantize_bundle(roles=...)`` (benchmarks/quant_roles.py): only the named graphs
+    are quantized, the manifest's recipe says which, the mix still decodes losslessly."""
+    from hyflash.errors import HyflashError
+
+    out = requantize_bundle(bundles["fp32"], "int4", tmp_path / "mix",
+                            ("drafter_commit", "drafter_step"))
+    assert out.quantization.recipe == "int4:drafter_commit+drafter_step"
+    m = read_bundle(tmp_path / "mix").manifest
+    target_ops = [n.op_type for n in onnx.load(str(tmp_path / "mix" / LEAN_FILE)).graph.node]
+    step_ops = [n.op_type for n in onnx.load(
+        str(tmp_path / "mix" / m.model("drafter_step").file)).graph.node]
+    assert "MatMulNBits" not in target_ops and "MatMulNBits" in step_ops
+    assert m.quantization.graphs["target"]["weights"] == "float32"
+    _, target, drafter = load_onnx_pair(tmp_path / "mix", threads=1)
+    ids = list(range(5, 40))
+    want = SpeculativeEngine(target).generate(ids, max_new_tokens=24).tokens
+    assert SpeculativeEngine(target, drafter).generate(ids, max_new_tokens=24).tokens == want
+    with pytest.raises(HyflashError, match="no graph drafter: its roles are target"):
+        requantize_bundle(bundles["fp32"], "int4", tmp_path / "bad", ("drafter",))

@@ -146,23 +146,33 @@ def contracts(folder: Path, commit_rows: dict[str, int], files: dict[str, str]) 
             for role, name in files.items()}
 
 
-def requantize_bundle(src: str | Path, quant: str, out: str | Path) -> Manifest:
+def requantize_bundle(src: str | Path, quant: str, out: str | Path,
+                      roles: tuple[str, ...] | None = None) -> Manifest:
     """A new bundle at out with the graphs of the fp32 bundle src quantized by ``quant``;
     everything else is copied. Exporting once and quantizing many times saves the
-    export (the slow part) when comparing recipes."""
+    export (the slow part) when comparing recipes. ``roles`` quantizes only those graphs
+    (the others stay fp32; the recipe is then named ``quant:role+role``), to measure what
+    quantizing one model of the pair costs (``benchmarks/quant_roles.py``)."""
     bundle = read_bundle(src)
     old = bundle.manifest
     if old.quantization.recipe != "fp32":
         raise HyflashError(f"bundle {src} is already {old.quantization.recipe}: requantize an "
                            "fp32 bundle")
     check_recipe(quant)  # before the slow part
+    unknown = sorted(set(roles or ()) - set(old.models))
+    if unknown:
+        raise HyflashError(f"bundle {src} has no graph {', '.join(unknown)}: its roles are "
+                           f"{', '.join(old.models)}")
+    chosen = set(old.models) if roles is None else set(roles)
+    recipe_name = quant if chosen == set(old.models) else f"{quant}:{'+'.join(sorted(chosen))}"
 
     def fill(tmp: Path) -> Manifest:
         import onnx
 
         recipe = {}
         for role, model in old.models.items():  # the graphs come out with all their data
-            recipe[role] = quantize(quant, bundle.folder / model.file, tmp / model.file)
+            recipe[role] = quantize(quant if role in chosen else "fp32",
+                                    bundle.folder / model.file, tmp / model.file)
         graphs = {m.file for m in old.models.values()}
         stored = {w.file for w in old.shared_weights.values()}
         for name in old.files:
@@ -175,7 +185,7 @@ def requantize_bundle(src: str | Path, quant: str, out: str | Path) -> Manifest:
         models = {role: ox.io_contract(tmp / m.file, role, m.commit_rows)
                   for role, m in old.models.items()}
         return replace(old, hyflash_version=__version__, models=models, files={},
-                       quantization=Quantization(quant, strip_recipe(recipe)),
+                       quantization=Quantization(recipe_name, strip_recipe(recipe)),
                        shared_weights=shared)
 
     return write_bundle(out, fill)
