@@ -28,8 +28,9 @@ continuations (``command.grown_from``).
     python benchmarks/smollm2_drafter.py --nproc 2    # two processes (torchrun), one core each
     python benchmarks/smollm2_drafter.py --heads 9 --init target  # layers start as the
                                                       # target's last two decoder layers
-    python benchmarks/smollm2_drafter.py --init benchmarks/drafters/smollm2-hyflash \
-        --sequences 8192 --steps 2500 --lr 5e-4      # train the shipped drafter further
+    python benchmarks/smollm2_drafter.py --init RUN --sequences 8192 --steps 2000 \
+        --eval-every 500 --lr 5e-4   # train RUN (a drafter folder) further: the second
+                                     # step of what ships since 2026-12-06 evening
     python benchmarks/smollm2_drafter.py --ship       # the drafter in --out -> benchmarks/drafters/
                                                       # smollm2-hyflash in float16 (then commit)
 
