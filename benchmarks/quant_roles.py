@@ -29,19 +29,15 @@ HERE = Path(__file__).resolve().parent
 DRAFTER_ROLES = ("drafter_commit", "drafter_step")
 
 
-def gguf() -> str:
-    out = subprocess.run([sys.executable, str(HERE / "setup_models.py")], check=True,
-                         capture_output=True, text=True).stdout
-    return out.strip().splitlines()[-1]
-
-
 def bundles(work: Path, drafter: str, quant: str) -> dict[str, Path]:
     """name -> bundle folder: fp32 everywhere, quant on the drafter, on the target, on both."""
+    from smollm2_drafter import gguf  # benchmarks/ is on the path of a script run from it
+
     from hyflash.export.bundle import requantize_bundle
 
     fp32 = work / "fp32"
     if not (fp32 / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "hyflash", "export", "--target", gguf(),
+        subprocess.run([sys.executable, "-m", "hyflash", "export", "--target", str(gguf()),
                         "--drafter", drafter, "--quant", "fp32", "--out", str(fp32),
                         "--max-seq-len", "2048", "--no-progress"], check=True)
     plan = {f"{quant} drafter": DRAFTER_ROLES, f"{quant} target": ("target",),
