@@ -69,3 +69,34 @@ def test_the_train_command_offers_the_same_inits():
     from hyflash.train import command
 
     assert command.INITS == INITS and INITS[0] == "random"  # the default stays random
+
+
+@torch.no_grad()
+def test_a_grown_drafter_drafts_exactly_what_the_one_it_grew_from_drafts(tmp_path):
+    """--init DIR --layers L+1: DIR's layers below and an identity layer on top, so the
+    parallel form and the step form give DIR's logits exactly until training moves it."""
+    from hyflash.models.drafter_init import init_from_drafter
+
+    target = tiny_target()
+    torch.manual_seed(2)
+    small = Drafter.for_target(target, num_layers=1, num_heads=4, window=8, block_size=4,
+                               draft_vocab=30)
+    small.draft_head.set_ids(torch.randperm(97)[:30])
+    for p in small.parameters():  # trained-looking weights, slots included
+        if p.requires_grad:
+            p.add_(torch.randn_like(p) * 0.05)
+    small.save(tmp_path / "small")
+    grown = init_from_drafter(Drafter.for_target(target, num_layers=2, num_heads=4, window=8,
+                                                 block_size=4, draft_vocab=30),
+                              tmp_path / "small", target).eval()
+    small = small.eval()
+    assert grown.cfg.num_layers == 2 and torch.equal(grown.draft_head.ids, small.draft_head.ids)
+    tokens = torch.randint(0, 97, (1, 24))
+    feats = torch.randn(1, 24, target.cfg.feature_size)
+    anchors = torch.tensor([[0, 5, 11, 19]])
+    assert torch.equal(grown(tokens, feats, anchors), small(tokens, feats, anchors))
+    a, b = small.init_state(), grown.init_state()
+    for p in range(0, 16, 4):
+        a, b = small.commit(a, feats[0, p:p + 4], 4), grown.commit(b, feats[0, p:p + 4], 4)
+        assert torch.equal(grown.draft(b, tokens[0, p + 4]), small.draft(a, tokens[0, p + 4]))
+    assert b["window_k"].shape[0] == 2  # the grown state holds the new layer's window too

@@ -305,10 +305,22 @@ def test_drafter_init_trains_a_trained_drafter_further_in_a_run_of_its_own(
     for k, v in a.trainable_state().items():  # one step at lr 1e-9
         torch.testing.assert_close(b.trainable_state()[k], v, msg=k)
     assert main(small_run(model_folder, corpus, tmp_path / "wide", "--draft-vocab", "20",
-                          "--init", str(first), "--layers", "2")) == 2
+                          "--init", str(first), "--heads", "2")) == 2
     err = capsys.readouterr().err.strip()
     assert f"--init {first}: that drafter's shape differs" in err and \
-        "--layers 2 here, 1 there" in err and "\n" not in err
+        "--heads 2 here, 4 there" in err and "\n" not in err
+    deep = tmp_path / "deep"  # more layers grow it: DIR's below, an identity layer on top
+    assert main(small_run(model_folder, corpus, deep, "--draft-vocab", "20", "--init",
+                          str(first), "--layers", "2", "--steps", "1", "--lr", "1e-9")) == 0
+    c = load_drafter(deep, target)
+    assert c.cfg.num_layers == 2 and torch.equal(c.draft_head.ids, ids)
+    for k, v in a.layers[0].state_dict().items():
+        torch.testing.assert_close(c.layers[0].state_dict()[k], v, msg=k)
+    assert c.layers[1].o_proj.weight.abs().max() < 1e-6
+    assert main(small_run(model_folder, corpus, tmp_path / "shallow", "--draft-vocab", "20",
+                          "--init", str(deep))) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--layers 1 here, 2 there (more layers than that grow it; fewer cannot)" in err
 
 
 def test_data_only_generates_the_data_and_stops(model_folder, corpus, tmp_path, capsys):

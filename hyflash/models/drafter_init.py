@@ -16,7 +16,11 @@ anything else is a clear error, not a silent partial copy.
 ``--init DIR``: every weight of a drafter trained earlier for the same target, draft
 vocabulary included, to train it further (on more data, or for more steps in a later
 session, whose disk may not hold the first run's checkpoint). Its config must equal the
-one the flags ask for; a difference names the flag to change.
+one the flags ask for; a difference names the flag to change. The one difference allowed is
+more layers (``--layers`` above DIR's): DIR's layers keep their weights and the new ones
+go on top, each starting as the identity (its attention output and MLP down projections
+zero, so the residual stream passes through unchanged and the grown drafter drafts exactly
+what DIR drafts until training moves them).
 """
 
 from __future__ import annotations
@@ -92,9 +96,30 @@ def init_from_drafter(drafter, folder, target):
     from hyflash.models.drafter_folder import load_drafter, read_drafter_config
 
     folder, cfg, _ = read_drafter_config(folder)
+    grow = drafter.cfg.num_layers > cfg.num_layers
     diff = [f"{FLAGS.get(k, k)} {getattr(drafter.cfg, k)!r} here, {v!r} there"
-            for k, v in vars(cfg).items() if getattr(drafter.cfg, k) != v]
+            + (" (more layers than that grow it; fewer cannot)" if k == "num_layers" else "")
+            for k, v in vars(cfg).items()
+            if getattr(drafter.cfg, k) != v and not (grow and k == "num_layers")]
     if diff:
         raise HyflashError(f"--init {folder}: that drafter's shape differs from this run's "
                            f"({'; '.join(diff)}): pass its values")
-    return load_drafter(folder, target).train()
+    trained = load_drafter(folder, target)
+    if grow:
+        grow_layers(drafter, trained)
+        return drafter.to(trained.embed_tokens.weight.dtype).train()
+    return trained.train()
+
+
+@torch.no_grad()
+def grow_layers(drafter, trained) -> None:
+    """Copy trained (fewer layers, else the same shape) into drafter: every weight, its
+    layers as drafter's first ones; drafter's further layers start as the identity."""
+    missing, unexpected = drafter.load_state_dict(trained.state_dict(), strict=False)
+    new = tuple(f"layers.{i}." for i in range(trained.cfg.num_layers, drafter.cfg.num_layers))
+    if unexpected or any(not k.startswith(new) for k in missing):
+        raise HyflashError(f"cannot grow the drafter: unmatched weights {unexpected[:3]} "
+                           f"{[k for k in missing if not k.startswith(new)][:3]}")
+    for layer in drafter.layers[trained.cfg.num_layers:]:
+        layer.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
