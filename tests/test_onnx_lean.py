@@ -5,6 +5,7 @@ opens with the backend for it; and the engine's output through it, plain or draf
 with the shipped pocket drafter, is the target's own greedy decode."""
 
 import copy
+import json
 
 import numpy as np
 import onnx
@@ -239,7 +240,7 @@ def test_export_refuses_the_lean_form_for_a_head_dim_it_cannot_take(tmp_path, ca
 
 
 def test_requantizing_only_the_drafter_leaves_the_target_fp32_and_names_the_mix(
-        bundles, tmp_path):
+        bundles, tmp_path, capsys):
     """``requantize_bundle(roles=...)`` (benchmarks/quant_roles.py): only the named graphs
     are quantized, the manifest's recipe says which, the mix still decodes losslessly."""
     from hyflash.errors import HyflashError
@@ -259,3 +260,23 @@ def test_requantizing_only_the_drafter_leaves_the_target_fp32_and_names_the_mix(
     assert SpeculativeEngine(target, drafter).generate(ids, max_new_tokens=24).tokens == want
     with pytest.raises(HyflashError, match="no graph drafter: its roles are target"):
         requantize_bundle(bundles["fp32"], "int4", tmp_path / "bad", ("drafter",))
+    # hyflash budget sizes the mix: the target as fp32, the drafter as int4
+    from hyflash.budget.plan import split_recipe
+    from hyflash.budget.sources import resolve
+    from hyflash.cli import main
+
+    def terms(folder):
+        capsys.readouterr()
+        assert main(["budget", str(folder), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out, {t["key"]: t["stored"] for t in out["terms"]}
+
+    mix, mixed = terms(tmp_path / "mix")
+    _, fp32 = terms(bundles["fp32"])
+    _, int4 = terms(bundles["int4"])
+    assert mix["recipe"]["name"] == "fp32" and mix["drafter_recipe"]["name"] == "int4"
+    assert mixed["target.layers"] == fp32["target.layers"]
+    assert mixed["drafter.weights"] == int4["drafter.weights"] < fp32["drafter.weights"]
+    assert resolve(str(tmp_path / "mix")).recipe == "int4:drafter_commit+drafter_step"
+    with pytest.raises(HyflashError, match="one recipe each: requantize the bundle with"):
+        split_recipe("int4:drafter_step", "bundle x")

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         from hyflash.budget.plot import plot
 
         path = Path(args.out or ".") / f"budget_{safe(src.target.name)}_context.png"
-        plot(plan, devs, f"{src.target.name}, {plan.recipe.name} on {plan.recipe.backend}", path)
+        plot(plan, devs, f"{src.target.name}, {plan.recipe_name()} on {plan.recipe.backend}", path)
         out["sweep_png"] = str(path)
         text += ["", f"memory vs context written to {path}"]
     if args.measure:

@@ -57,6 +57,20 @@ class Plan:
     embedding_mapped: bool | None = None  # None: the runtime's default
     commit_rows: int | None = None  # feature rows a drafter call takes (default: B)
     kv_form: str | None = None  # a bundle's kv_cache.form (default: what export would pick)
+    drafter_recipe: Recipe | None = None  # a bundle that quantized one model only (default:
+    # the drafter is stored as ``recipe``)
+
+    @property
+    def draft_recipe(self) -> Recipe:
+        """How the drafter's weights are stored: ``drafter_recipe``, else ``recipe``."""
+        return self.drafter_recipe or self.recipe
+
+    def recipe_name(self) -> str:
+        """``int4``, or for a bundle that quantized one model only ``fp32 target + int4
+        drafter``."""
+        if self.draft_recipe.name == self.recipe.name:
+            return self.recipe.name
+        return f"{self.recipe.name} target + {self.draft_recipe.name} drafter"
 
 
 @dataclass(frozen=True)
@@ -187,7 +201,7 @@ def kv_cache(p: Plan) -> Term:
 
 
 def drafter_weights(p: Plan) -> Term:
-    d, r = p.drafter, p.recipe
+    d, r = p.drafter, p.draft_recipe
     own = sum(r.linear.bytes(m.rows, m.cols, m.count) for m in d.linears()) \
         + d.small_params * F32
     stored, graphs, note = own, own, ""
@@ -211,7 +225,7 @@ def drafter_weights(p: Plan) -> Term:
 
 
 def drafter_head(p: Plan) -> Term:
-    d, r = p.drafter, p.recipe
+    d, r = p.drafter, p.draft_recipe
     if not d.draft_vocab:
         return Term("drafter.head", "drafter LM head", 0, 0,
                     "the target's LM head (full vocabulary): counted under LM head")

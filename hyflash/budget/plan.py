@@ -90,11 +90,31 @@ def check_fits(d: DrafterShape, t: TargetShape, folder) -> None:
                                "for this model, or --drafter hyflash to size a default one")
 
 
+DRAFTER_GRAPHS = {"drafter_step", "drafter_commit"}
+
+
+def split_recipe(name: str, where: str) -> tuple[str, str]:
+    """A bundle's recipe -> (the target's, the drafter's): ``int4`` for both, or
+    ``int4:drafter_commit+drafter_step`` (``requantize_bundle(roles=...)``: only those graphs
+    quantized, the rest fp32)."""
+    if ":" not in name:
+        return name, name
+    quant, roles = name.split(":", 1)
+    roles = set(roles.split("+"))
+    drafter = roles & DRAFTER_GRAPHS
+    if drafter and drafter != DRAFTER_GRAPHS or not roles <= DRAFTER_GRAPHS | {"target"}:
+        raise HyflashError(f"{where} quantizes graphs {', '.join(sorted(roles))} only (recipe "
+                           f"{name}); the budget sizes the target and the drafter (both of its "
+                           "graphs) with one recipe each: requantize the bundle with the "
+                           "drafter's graphs together")
+    return (quant if "target" in roles else "fp32"), (quant if drafter else "fp32")
+
+
 def build(src: Source, args) -> Plan:
     """The plan for a device budget (runtime term: the library; ExecuTorch's weights
     factors fitted on phones, ``phone_fit``)."""
     check_flags(src, args)
-    name = src.recipe or args.quant or "fp32"
+    name, drafter_name = split_recipe(src.recipe or args.quant or "fp32", src.name)
     backend = src.backend or args.backend or default_backend(name)
     if args.group_size is not None and name != "8da4w":
         raise HyflashError(f"--group-size applies to the 8da4w recipe only, not {name}: drop "
@@ -103,6 +123,8 @@ def build(src: Source, args) -> Plan:
     facts = src.facts
     return Plan(target=src.target, drafter=drafter_of(src, args, context),
                 recipe=recipe(name, backend, src.group_size or args.group_size),
+                drafter_recipe=recipe(drafter_name, backend, src.group_size or args.group_size)
+                if drafter_name != name else None,
                 context=context, prefill=min(args.prefill_chunk or DEFAULT_PREFILL, context),
                 runtime=on_phone(runtime_costs(backend)),
                 embedding_mapped=(backend == "onnx" and any("embed" in n for n in

@@ -30,7 +30,7 @@ def describe(p: Plan, src) -> str:
         + (f", draft vocabulary {d.draft_vocab}" if d.draft_vocab else "") + ")")
     origin = src.facts.get("source") or src.name
     offered = "" if p.recipe.offered else " (not an export recipe: sized as described)"
-    return (f"{src.target.name} ({src.kind}: {origin})\n{p.recipe.name} on {p.recipe.backend}"
+    return (f"{src.target.name} ({src.kind}: {origin})\n{p.recipe_name()} on {p.recipe.backend}"
             f"{offered}, context {p.context}, {drafter}, prefill chunk {p.prefill} rows")
 
 
@@ -159,7 +159,8 @@ def as_json(b: Budget, src, totals: dict, verdicts: list[dict], cal: Calibration
     return {
         "source": {"kind": src.kind, "name": src.name, **src.facts},
         "target": asdict(p.target), "drafter": asdict(p.drafter) if p.drafter else None,
-        "recipe": asdict(p.recipe), "context": p.context, "prefill_rows": p.prefill,
+        "recipe": asdict(p.recipe), "drafter_recipe": asdict(p.draft_recipe),
+        "context": p.context, "prefill_rows": p.prefill,
         "terms": [asdict(t) for t in b.terms],
         "stored_bytes": b.stored, "resident_bytes": b.resident,
         "variants_resident_bytes": totals,

@@ -50,7 +50,7 @@ def target_call(p: Plan, rows: int, context: int) -> int:
 def drafter_call(p: Plan, d: DrafterShape, context: int) -> int:
     """Bytes of one drafter call: its weights, its LM head rows, its state (a full-context
     drafter's window is the whole context), its B-1 logits rows."""
-    r = p.recipe
+    r = p.draft_recipe
     own = sum(r.linear.bytes(m.rows, m.cols, m.count) for m in d.linears()) + d.small_params * F32
     head = r.lm_head.bytes(d.head_rows, d.hidden)
     return own + head + d.state_bytes(context) + (d.block - 1) * d.vocab * F32
