@@ -145,23 +145,33 @@ def save_tokens(cached: Path, dest: Path, committed: list[Path], arithmetic: str
           f"/{total} shards of this run")
 
 
-def ship(trained: Path, dest: Path = SHIPPED) -> None:
-    """The drafter trained in ``trained`` -> ``dest`` with its float weights in float16 (the
-    form it is committed in; integer tensors, the draft vocabulary's ids, as they are)."""
-    import torch
+def ship(trained: Path, dest: Path = SHIPPED, store: str = "float16") -> None:
+    """The drafter trained in ``trained`` -> ``dest`` in the form it is committed in:
+    ``float16`` (its float weights in float16; integer tensors, the draft vocabulary's ids,
+    as they are) or ``int8`` (``hyflash.models.drafter_store.pack_rows``: matrices as int8
+    rows with float32 scales, the rest float16; for a drafter past ~20 MiB in float16)."""
+    from collections import Counter
+
     from safetensors.torch import load_file, save_file
 
     from hyflash.models.drafter_folder import read_drafter_config
+    from hyflash.models.drafter_store import PACKED_FORMAT, pack_rows
 
     read_drafter_config(trained)  # a drafter folder with its training report, or a clear error
     state = load_file(trained / "model.safetensors")
-    half = {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
+    meta = json.loads((trained / "config.json").read_text())
+    if store == "int8":
+        out = pack_rows(state)
+        meta["format_version"] = PACKED_FORMAT
+    else:
+        out = {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy(trained / "config.json", dest / "config.json")
-    save_file(half, dest / "model.safetensors")  # .half() and load_file give contiguous tensors
+    (dest / "config.json").write_text(json.dumps(meta, indent=1))
+    save_file(out, dest / "model.safetensors")  # .half() and load_file give contiguous tensors
     size = (dest / "model.safetensors").stat().st_size / 2**20
-    print(f"{dest}: {size:.1f} MiB ({sum(v.numel() for v in half.values()):,} values, "
-          f"{sum(v.dtype == torch.float16 for v in half.values())} float16 tensors)")
+    kinds = Counter(str(v.dtype).removeprefix("torch.") for v in out.values())
+    print(f"{dest}: {size:.1f} MiB ({sum(v.numel() for v in out.values()):,} values; tensors: "
+          f"{', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})")
 
 
 def restore_tokens(work: Path, tokens_name: str, committed: list[Path],
@@ -207,6 +217,10 @@ def main() -> None:
     ap.add_argument("--ship", action="store_true",
                     help="write the drafter in --out, in float16, to "
                          f"{SHIPPED.relative_to(HERE.parent)} (then commit)")
+    ap.add_argument("--store", choices=("float16", "int8"), default="float16",
+                    help="--ship's form: float16, or int8 rows with float32 scales (half "
+                         "the size, within half a step of each weight; for drafters past "
+                         "~20 MiB in float16)")
     ap.add_argument("--nproc", type=int, default=1, help="processes (torchrun when > 1)")
     ap.add_argument("--threads", type=int, default=1, help="threads per process")
     ap.add_argument("--sequences", type=int, default=SEQUENCES,
@@ -231,7 +245,7 @@ def main() -> None:
         ap.error(f"--sequences must be a positive multiple of {SHARD}, not {args.sequences}")
 
     if args.ship:
-        ship(args.out)
+        ship(args.out, store=args.store)
         return
     target = gguf()
     arithmetic = precision()

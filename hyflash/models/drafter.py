@@ -49,7 +49,9 @@ ARCHS = ("hyflash", "full")
 # step-form window layouts -> what the window state holds (recorded in bundle manifests)
 WINDOW_CACHES = {"kv": "per-layer keys and values (pre-rope) of the last W context features",
                  "features": "fused context features; each call derives per-layer K/V"}
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest drafter folder this reads: 1 float weights (what ``save``
+# writes), 2 int8 rows too (``drafter_store.pack_rows``: the shipping form)
+FLOAT_FORMAT = 1
 
 
 @dataclass
@@ -451,7 +453,7 @@ class Drafter(nn.Module):
         from safetensors.torch import save_file
 
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"format_version": FORMAT_VERSION, "config": self.cfg.to_dict(), **(extra or {})}
+        meta = {"format_version": FLOAT_FORMAT, "config": self.cfg.to_dict(), **(extra or {})}
         (folder / "config.json").write_text(json.dumps(meta, indent=1))
         save_file({k: v.contiguous() for k, v in self.trainable_state().items()},
                   folder / "model.safetensors")

@@ -86,12 +86,14 @@ def check_drafter_context(cfg: DrafterConfig, context: int, folder: Path) -> Non
 def load_drafter(folder: str | Path, target: Target) -> Drafter:
     """Load a saved drafter onto the target it was trained for (checked, not assumed).
     ``pocket`` / ``pocket-full`` name the pocket model's shipped drafters."""
+    from hyflash.models.drafter_store import unpack_rows
     from hyflash.models.folders import check_shapes, load_safetensors_file
 
     folder, cfg, _ = read_drafter_config(folder)
     check_drafter_fits(cfg, target.cfg, folder)
     drafter = Drafter(cfg, target.embed_tokens, target.lm_head)
-    state = load_safetensors_file(folder / "model.safetensors", RETRAIN)
+    state = unpack_rows(load_safetensors_file(folder / "model.safetensors", RETRAIN),
+                        folder / "model.safetensors", RETRAIN)  # int8 rows: the shipping form
     check_shapes(drafter, state, folder / "model.safetensors", RETRAIN)
     try:  # loading the draft vocabulary's ids derives their LM head rows (DraftHead)
         missing, unexpected = drafter.load_state_dict(state, strict=False)
