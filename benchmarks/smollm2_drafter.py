@@ -217,6 +217,9 @@ def main() -> None:
     ap.add_argument("--ship", action="store_true",
                     help="write the drafter in --out, in float16, to "
                          f"{SHIPPED.relative_to(HERE.parent)} (then commit)")
+    ap.add_argument("--dest", type=Path, default=SHIPPED,
+                    help=f"where --ship writes (default {SHIPPED.relative_to(HERE.parent)}, "
+                         "the copy the benchmarks use)")
     ap.add_argument("--store", choices=("float16", "int8"), default="float16",
                     help="--ship's form: float16, or int8 rows with float32 scales (half "
                          "the size, within half a step of each weight; for drafters past "
@@ -245,7 +248,7 @@ def main() -> None:
         ap.error(f"--sequences must be a positive multiple of {SHARD}, not {args.sequences}")
 
     if args.ship:
-        ship(args.out, store=args.store)
+        ship(args.out, args.dest, store=args.store)
         return
     target = gguf()
     arithmetic = precision()
