@@ -215,8 +215,8 @@ def main() -> None:
                          "committed folder holds into benchmarks/distill/, and add the labels "
                          "to committed shards without them (then commit)")
     ap.add_argument("--ship", action="store_true",
-                    help="write the drafter in --out, in float16, to "
-                         f"{SHIPPED.relative_to(HERE.parent)} (then commit)")
+                    help="write the drafter in --out to --dest in --store's form (default: "
+                         f"float16, to {SHIPPED.relative_to(HERE.parent)}; then commit)")
     ap.add_argument("--dest", type=Path, default=SHIPPED,
                     help=f"where --ship writes (default {SHIPPED.relative_to(HERE.parent)}, "
                          "the copy the benchmarks use)")

@@ -2,7 +2,7 @@
 ``pack_rows`` writes, its large matrices as int8 with one float32 scale per output row.
 
 The shipping form exists for drafters committed to a repository (a 3-layer SmolLM2-135M
-drafter is 24.8 MiB in float16, 13 MiB packed). A row's scale is its largest magnitude over
+drafter is 24.8 MiB in float16, 12.5 MiB packed). A row's scale is its largest magnitude over
 127, so every weight is within half a step (max |row| / 254) of the float it came from;
 ``load_drafter`` unpacks to float before anything else sees the weights. Vectors, small
 matrices and integer tensors (the draft vocabulary's ids) stay as they are, floats in
@@ -17,7 +17,7 @@ from hyflash.errors import HyflashError
 
 PACKED_FORMAT = 2  # config.json's format_version of a folder in the shipping form
 SCALE = ".row_scale"  # suffix of a packed matrix's per-row scales
-MIN_ELEMENTS = 65536  # smaller matrices stay float16 (the memory's slots, norms)
+MIN_ELEMENTS = 65536  # smaller matrices stay float16, as do vectors and the 3-D slots
 
 
 def pack_rows(state: dict[str, torch.Tensor],
