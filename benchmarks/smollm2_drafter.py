@@ -243,6 +243,9 @@ def main() -> None:
                          "drafter to train further, e.g. the shipped one (its fp16 weights)")
     ap.add_argument("--lr", type=float, default=1e-3,
                     help="peak learning rate (hyflash train --lr; default 1e-3)")
+    ap.add_argument("--kl", type=float, default=0.0, metavar="W",
+                    help="weight of the KL term to the target's distribution (hyflash train "
+                         "--kl; default 0, cross-entropy only)")
     args = ap.parse_args()
     if args.sequences % SHARD or args.sequences <= 0:
         ap.error(f"--sequences must be a positive multiple of {SHARD}, not {args.sequences}")
@@ -261,7 +264,7 @@ def main() -> None:
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
            *recipe(args.sequences, args.steps, arithmetic, args.eval_every),
            "--layers", str(args.layers), "--heads", str(args.heads), "--init", args.init,
-           "--lr", str(args.lr)]
+           "--lr", str(args.lr), "--kl", str(args.kl)]
     if args.data_only:
         cmd.append("--data-only")
     if args.nproc > 1:

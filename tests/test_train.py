@@ -504,6 +504,7 @@ def test_train_corpus_bad_input_is_one_line(model_folder, tmp_path, capsys, make
     ("--lr", "inf", "must be a finite number, got inf"),
     ("--lr", "nan", "must be a finite number"),
     ("--memory-lr-scale", "0", "must be > 0"),
+    ("--kl", "-1", "must be >= 0"),
     ("--sampled-fraction", "1.5", "must be in [0, 1], got 1.5"),
     ("--sampled-fraction", "-0.1", "must be in [0, 1]"),
     ("--threads", "0", "must be >= 1, got 0"),

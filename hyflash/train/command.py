@@ -22,7 +22,14 @@ import json
 import time
 from pathlib import Path
 
-from hyflash.argtypes import fraction, nonneg_int, positive_float, positive_int, threads
+from hyflash.argtypes import (
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    threads,
+)
 from hyflash.atomic import write_folder_atomically
 from hyflash.errors import HyflashError
 
@@ -66,7 +73,7 @@ def run_suffix(spec) -> str:
 
     base = TrainSpec()
     short = {"steps": "s", "batch": "b", "anchors": "a", "lr": "lr", "seed": "seed",
-             "memory_lr_scale": "mls", "prompt_anchors": "pa"}
+             "memory_lr_scale": "mls", "prompt_anchors": "pa", "kl": "kl"}
     return "".join(f"-{tag}{getattr(spec, k):g}" for k, tag in short.items()
                    if getattr(spec, k) != getattr(base, k)) + (
         "-bf16" if spec.precision != base.precision else "")
@@ -161,6 +168,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the target's greedy tokens while the text agrees with them (every "
                         "prefix of a prompt is a prompt: more data from the same target "
                         "passes; default 0: anchors in the continuation only)")
+    g.add_argument("--kl", type=nonneg_float, default=0.0, metavar="W",
+                   help="add W x KL(target || drafter) to the cross-entropy at every block "
+                        "position: the target's distribution, recomputed from the last tap "
+                        "layer's features by the target's layers above it and its LM head, "
+                        "teaches the drafter its spread as well as its argmax (default 0: "
+                        "cross-entropy only)")
     g.add_argument("--lr", type=positive_float, default=1e-3)
     g.add_argument("--memory-lr-scale", type=positive_float, default=10.0,
                    help="learning-rate multiplier for the memory's decay logits and gate "
@@ -229,6 +242,7 @@ def run_on(args: argparse.Namespace, d) -> int:
     from hyflash.train.folders import check_out, check_work, claim_work, finish_work
     from hyflash.train.lanes import check_world, rank_shards
     from hyflash.train.loop import TrainSpec, train
+    from hyflash.train.teacher import Teacher
 
     say = print if d.main else (lambda *a, **k: None)
     if args.parallel and not d.group:
@@ -238,7 +252,8 @@ def run_on(args: argparse.Namespace, d) -> int:
                            lr=args.lr, memory_lr_scale=args.memory_lr_scale, seed=args.seed,
                            checkpoint_every=args.checkpoint_every,
                            prompt_anchors=args.prompt_anchors, eval_every=args.eval_every,
-                           keep=args.keep, precision=args.precision)  # checked before
+                           keep=args.keep, precision=args.precision,
+                           kl=args.kl)  # checked before
     # hours of data generation
     work = args.work or args.out.with_name(args.out.name + ".work")
     check_out(args.out)
@@ -313,9 +328,10 @@ def run_on(args: argparse.Namespace, d) -> int:
     run_name += "" if args.init == INITS[0] else f"-init{init_tag(args.init)}"
     if args.arch == "hyflash" and args.memory != MEMORY_KINDS[0]:
         run_name += f"-{args.memory}"
+    teacher = Teacher(target, drafter) if args.kl else None
     report = train(drafter, data, train_spec, data_dir / run_name, progress=not args.quiet,
                    target=target if recompute else None, d=d,
-                   parallel=args.parallel or PARALLEL[0])
+                   parallel=args.parallel or PARALLEL[0], teacher=teacher)
     report.update(target=str(target_path), data=str(args.data), corpus_sha1=corpus_id,
                   arch=args.arch, init=args.init, features="recomputed" if recompute else "cached",
                   params=sum(p.numel() for p in drafter.parameters() if p.requires_grad),

@@ -1,7 +1,8 @@
 """The drafter training loop: many anchors per sequence, one parallel pass per step.
 
 Loss: cross-entropy on the target's tokens at the B-1 block positions, weighted by
-exp(-(i-1)/gamma) so early positions (which decide tau most) count most. Anchors sit in
+exp(-(i-1)/gamma) so early positions (which decide tau most) count most; with ``kl`` > 0,
+plus that weight times KL(target || drafter) at each position (``teacher.py``). Anchors sit in
 the target's continuation and, with ``prompt_anchors``, in the prompt too: every prefix
 of the prompt is a prompt the target could be asked to continue, and the data's greedy
 labels (the target's argmax after every token) say how it would, for as long as the text
@@ -35,6 +36,7 @@ from hyflash.train.features import PRECISIONS, autocast, target_features
 from hyflash.train.lanes import Sampler, rank_shards
 from hyflash.train.scaffold import save_checkpoint, warmup_cosine
 from hyflash.train.shards import DistillSet
+from hyflash.train.teacher import Teacher, kl_to_teacher
 from hyflash.train.validation import Validation
 
 KEEP = ("last", "best")
@@ -57,6 +59,7 @@ class TrainSpec:
     val_fraction: float = 0.05
     seed: int = 0
     precision: str = "float32"  # the drafter's forward and backward: float32 or bf16 autocast
+    kl: float = 0.0  # weight of KL(target || drafter) beside the CE (``teacher.py``)
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -64,6 +67,8 @@ class TrainSpec:
                                f"{' or '.join(PRECISIONS)}")
         if self.keep not in KEEP:
             raise HyflashError(f"keep {self.keep!r}: choose {' or '.join(KEEP)}")
+        if self.kl < 0:
+            raise HyflashError(f"kl weight {self.kl} < 0: use 0 (no KL term) or more")
         if self.keep == "best" and not self.eval_every:
             raise HyflashError("--keep best needs validations during the run: add "
                                "--eval-every N")
@@ -153,16 +158,22 @@ def head_labels(drafter: Drafter, labels: torch.Tensor) -> torch.Tensor:
     return drafter.label_space(labels.masked_fill(none, 0)).masked_fill(none, NO_LABEL)
 
 
-def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+               teacher: torch.Tensor | None = None, kl: float = 0.0):
     """logits [N,A,B-1,V], labels [N,A,B-1] (indices into V; -1 = a token the drafter
     cannot score, outside its draft vocabulary: no loss, a miss; NO_LABEL: not counted
-    at all) -> weighted CE, per-position accuracy over the labelled blocks."""
+    at all) -> weighted CE, per-position accuracy over the labelled blocks. teacher: the
+    target's logits at the same positions (``teacher.py``), whose KL(p || q) is added
+    with weight kl at every labelled position (those outside the draft vocabulary too)."""
     labelled = labels != NO_LABEL
     target = labels.masked_fill(~labelled, -1)
     ce = F.cross_entropy(logits.flatten(0, 2).float(), target.flatten(), reduction="none",
                          ignore_index=-1)
+    per = ce.view(labels.shape)
+    if teacher is not None and kl:
+        per = per + kl * kl_to_teacher(logits, teacher) * labelled
     w = weights * labelled
-    loss = (ce.view(labels.shape) * weights).sum() / w.sum().clamp_min(1e-9)
+    loss = (per * weights).sum() / w.sum().clamp_min(1e-9)
     hits = ((logits.argmax(-1) == labels) & labelled).float().sum((0, 1))
     acc = hits / labelled.float().sum((0, 1)).clamp_min(1)
     return loss, acc
@@ -235,11 +246,12 @@ def param_groups(drafter: Drafter, spec: TrainSpec) -> list[dict]:
 
 def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
           progress: bool = True, *, target=None, d: Dist = SINGLE,
-          parallel: str = "ddp") -> dict:
+          parallel: str = "ddp", teacher: Teacher | None = None) -> dict:
     """Train drafter on data; checkpoints, log.jsonl and resume in work. target: recompute
     the features with it in every step (the data may then hold tokens only); d, parallel:
-    this process's place in a torchrun job and the wrapping (``distributed.py``). Every
-    rank ends with the trained weights in drafter; only rank 0 writes files."""
+    this process's place in a torchrun job and the wrapping (``distributed.py``); teacher:
+    the target's distributions for the KL term (needed when spec.kl > 0). Every rank ends
+    with the trained weights in drafter; only rank 0 writes files."""
     from tqdm import tqdm
 
     bsz = drafter.cfg.block_size
@@ -253,6 +265,8 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         raise HyflashError("--prompt-anchors needs the target's greedy labels, which this data "
                            "lacks (written by an older hyflash, or for --features recompute): "
                            "rerun with --prompt-anchors 0, or regenerate the data")
+    if spec.kl and teacher is None:
+        raise HyflashError(f"kl {spec.kl} needs the target's distributions: pass a Teacher")
     if target is not None:
         place_target(target, d, parallel)
     model, trained = wrap(drafter, d, parallel)
@@ -284,8 +298,9 @@ def train(drafter: Drafter, data: DistillSet, spec: TrainSpec, work: Path,
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"]
         with d.on_device(), autocast(spec.precision, d.device.type):
+            soft = teacher.logits(feats, anchors, bsz) if spec.kl else None
             loss, acc = block_loss(model(tokens, feats, anchors), head_labels(drafter, labels),
-                                   w)
+                                   w, soft, spec.kl)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
