@@ -2,11 +2,14 @@
 block position, the KL is zero when the drafter matches them, and training with it moves
 the drafter toward the target's distribution."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 import hyflash.train.loop as loop
+from hyflash.cli import main
 from hyflash.errors import HyflashError
 from hyflash.models.drafter import Drafter
 from hyflash.models.target import Target
@@ -111,29 +114,16 @@ def test_kl_needs_a_teacher_and_a_weight_of_zero_or_more(distilled_kl, tmp_path)
 def distilled_kl(tmp_path_factory, model_folder):
     """Target-written continuations, features cached, of a target with a layer above its
     last tap (so the teacher runs it)."""
-    from conftest import WORDS
-
-    from hyflash.train.data import DataSpec, DistillSet, generate_dataset
+    from test_train import distil_words
 
     target = Target.from_pretrained(model_folder, tap_layers=(0, 1))
     with torch.no_grad():  # a random target is near uniform: make its choices peaked
         target.lm_head.weight.mul_(20.0)
-    stream = torch.randint(2, len(WORDS), (2000,),
-                           generator=torch.Generator().manual_seed(0)).numpy()
-    spec = DataSpec(sequences=32, gen_len=24, short_prompt=(4, 8), long_prompt=(16, 36),
-                    batch=16, shard=16)
-    out = tmp_path_factory.mktemp("data")
-    generate_dataset(target, stream, spec, out, progress=False)
-    target.drop_cache()
-    return target, DistillSet(out)
+    return target, distil_words(target, tmp_path_factory.mktemp("data"), 32)
 
 
 def test_train_command_kl_trains_in_a_run_of_its_own(model_folder, tmp_path):
-    import json
-
     from test_train import small_run
-
-    from hyflash.cli import main
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(" ".join(["alpha beta gamma delta"] * 200))

@@ -24,14 +24,18 @@ torch.set_num_threads(1)
 def distilled(tmp_path_factory, model_folder):
     """Target-written continuations of random word streams, features cached."""
     target = Target.from_pretrained(model_folder)
+    return target, distil_words(target, tmp_path_factory.mktemp("data"), 48)
+
+
+def distil_words(target, out, sequences: int) -> DistillSet:
+    """The target's continuations of random word streams in out, features cached."""
     stream = torch.randint(2, len(WORDS), (2000,),
                            generator=torch.Generator().manual_seed(0)).numpy()
-    spec = DataSpec(sequences=48, gen_len=24, short_prompt=(4, 8), long_prompt=(16, 36),
-                    batch=16, shard=16)
-    out = tmp_path_factory.mktemp("data")
+    spec = DataSpec(sequences=sequences, gen_len=24, short_prompt=(4, 8),
+                    long_prompt=(16, 36), batch=16, shard=16)
     generate_dataset(target, stream, spec, out, progress=False)
     target.drop_cache()
-    return target, DistillSet(out)
+    return DistillSet(out)
 
 
 def small_drafter(target):
