@@ -19,10 +19,10 @@ def private_cache(tmp_path_factory):
 WORDS = ["[UNK]", "<eos>"] + [f"w{i}" for i in range(46)]
 
 
-def save_tiny_llama(folder, max_position_embeddings=64, seed=0):
+def save_tiny_llama(folder, max_position_embeddings=64, seed=0, layers=3):
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=3, num_attention_heads=4,
+                                   num_hidden_layers=layers, num_attention_heads=4,
                                    num_key_value_heads=2,
                                    max_position_embeddings=max_position_embeddings,
                                    bos_token_id=None, eos_token_id=1)

@@ -223,3 +223,25 @@ def test_train_memory_bad_input_is_one_line(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--batch 8 does not split over 3 GPUs" in err
     assert err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def deep(setup):
+    """setup with a 4-layer target, whose last tap (layer 2) has a layer above it: the KL
+    term's teacher runs that layer (FSDP-sharded in the fsdp case)."""
+    root, _, corpus = setup
+    return root, save_tiny_llama(root / "target4", layers=4), corpus
+
+
+@pytest.mark.parametrize("extra", [(), ("--features", "recompute", "--parallel", "fsdp")],
+                         ids=["ddp", "fsdp-recompute"])
+def test_the_kl_term_under_two_processes_trains_what_one_process_does(deep, extra):
+    from hyflash.models.target import Target
+
+    assert Target.from_pretrained(deep[1]).cfg.tap_layers == (1, 2)
+    root = deep[0]
+    name = "kl-" + ("fsdp" if extra else "ddp")
+    assert main(argv(deep, f"{name}-one", "--kl", "1", *extra[:2])) == 0
+    r = torchrun(2, argv(deep, f"{name}-two", "--kl", "1", *extra))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_training(root / f"{name}-two", root / f"{name}-one")
