@@ -103,22 +103,29 @@ def features_and_greedy(target, tokens: torch.Tensor,
 GREEDY_ROWS = 256  # LM-head rows per chunk: 256 x 49152 fp32 logits = 48 MiB
 
 
+def causal_layers(target, x: torch.Tensor, first: int, stop: int, taps=()):
+    """x [N, T, D], the input of layer ``first`` at positions 0..T-1 -> (the output of
+    layer stop - 1, [the outputs of the layers in taps]): layers first..stop-1 in one
+    causal pass without a KV cache, through fused attention (T x T scores never
+    materialised)."""
+    pos = torch.arange(x.shape[1], device=x.device)
+    cos, sin = target.rope_cos[pos], target.rope_sin[pos]
+    mask = pos[None, :] <= pos[:, None]
+    kept = []
+    with target.fused_attention():
+        for i in range(first, stop):
+            x, _ = target.layers[i](x, cos, sin, pos, mask)
+            if i in taps:
+                kept.append(x)
+    return x, kept
+
+
 def causal_pass(target, tokens: torch.Tensor, greedy: bool):
     cfg = target.cfg
     if target.cache_batch:  # a cache left by generation would be written, and read
         target.drop_cache()
-    t = tokens.shape[1]
-    pos = torch.arange(t, device=tokens.device)
-    cos, sin = target.rope_cos[pos], target.rope_sin[pos]
-    mask = pos[None, :] <= pos[:, None]
-    x = target.embed_tokens(tokens)
-    taps = []
     last = len(target.layers) - 1 if greedy else max(cfg.tap_layers)
-    with target.fused_attention():  # T x T scores never materialised
-        for i, layer in enumerate(target.layers[: last + 1]):
-            x, _ = layer(x, cos, sin, pos, mask)
-            if i in cfg.tap_layers:
-                taps.append(x)
+    x, taps = causal_layers(target, target.embed_tokens(tokens), 0, last + 1, cfg.tap_layers)
     feats = torch.cat(taps, dim=-1).float()
     if not greedy:
         return feats, None

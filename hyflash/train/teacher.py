@@ -25,12 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from hyflash.errors import HyflashError
+from hyflash.train.features import causal_layers
 
 
 class Teacher:
     """The target's logits over the drafter's output vocabulary at block positions.
-    Frozen; holds references to the target's layers after its last tap and a copy of the
-    LM head rows it needs."""
+    Frozen; runs the target's layers above its last tap and holds a copy of the LM head
+    rows it needs."""
 
     def __init__(self, target, drafter):
         cfg = target.cfg
@@ -42,7 +43,7 @@ class Teacher:
                                f"target's {cfg.feature_size}")
         self.target = target
         self.hidden = cfg.hidden_size
-        self.layers = target.layers[max(cfg.tap_layers) + 1:]
+        self.first = max(cfg.tap_layers) + 1  # the first layer above the last tap
         weight = target.lm_head.weight.detach()
         head = drafter.draft_head
         self.weight = (weight if head is None else weight[head.ids]).clone()
@@ -62,14 +63,7 @@ class Teacher:
         t = self.target
         if t.cache_batch:  # a cache left by generation would be written, and read
             t.drop_cache()
-        if self.layers:
-            x = x.to(t.rope_cos.dtype)
-            pos = torch.arange(end, device=x.device)
-            cos, sin = t.rope_cos[pos], t.rope_sin[pos]
-            mask = pos[None, :] <= pos[:, None]
-            with t.fused_attention():
-                for layer in self.layers:
-                    x, _ = layer(x, cos, sin, pos, mask)
+        x, _ = causal_layers(t, x.to(t.rope_cos.dtype), self.first, len(t.layers))
         h = x.gather(1, rows.reshape(n, -1, 1).expand(-1, -1, x.shape[-1]))
         h = t.norm(h.view(n, a, bsz - 1, -1))
         return F.linear(h, self.weight.to(h.dtype))
