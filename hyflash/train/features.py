@@ -108,6 +108,8 @@ def causal_layers(target, x: torch.Tensor, first: int, stop: int, taps=()):
     layer stop - 1, [the outputs of the layers in taps]): layers first..stop-1 in one
     causal pass without a KV cache, through fused attention (T x T scores never
     materialised)."""
+    if target.cache_batch:  # a cache left by generation would be written, and read
+        target.drop_cache()
     pos = torch.arange(x.shape[1], device=x.device)
     cos, sin = target.rope_cos[pos], target.rope_sin[pos]
     mask = pos[None, :] <= pos[:, None]
@@ -122,8 +124,6 @@ def causal_layers(target, x: torch.Tensor, first: int, stop: int, taps=()):
 
 def causal_pass(target, tokens: torch.Tensor, greedy: bool):
     cfg = target.cfg
-    if target.cache_batch:  # a cache left by generation would be written, and read
-        target.drop_cache()
     last = len(target.layers) - 1 if greedy else max(cfg.tap_layers)
     x, taps = causal_layers(target, target.embed_tokens(tokens), 0, last + 1, cfg.tap_layers)
     feats = torch.cat(taps, dim=-1).float()

@@ -30,8 +30,8 @@ from hyflash.train.features import causal_layers
 
 class Teacher:
     """The target's logits over the drafter's output vocabulary at block positions.
-    Frozen; runs the target's layers above its last tap and holds a copy of the LM head
-    rows it needs."""
+    Frozen; runs the target's layers above its last tap and the LM head rows the drafter
+    scores (no copy: the target's head, or the drafter's draft-vocabulary rows of it)."""
 
     def __init__(self, target, drafter):
         cfg = target.cfg
@@ -44,9 +44,8 @@ class Teacher:
         self.target = target
         self.hidden = cfg.hidden_size
         self.first = max(cfg.tap_layers) + 1  # the first layer above the last tap
-        weight = target.lm_head.weight.detach()
-        head = drafter.draft_head
-        self.weight = (weight if head is None else weight[head.ids]).clone()
+        # the target's LM head, or the drafter's frozen copy of its draft-vocabulary rows
+        self.project = target.lm_head if drafter.draft_head is None else drafter.draft_head.proj
 
     @torch.no_grad()
     def logits(self, features: torch.Tensor, anchors: torch.Tensor, bsz: int) -> torch.Tensor:
@@ -61,12 +60,10 @@ class Teacher:
                                " positions of its features")
         x = features[:, :end, -self.hidden:]
         t = self.target
-        if t.cache_batch:  # a cache left by generation would be written, and read
-            t.drop_cache()
         x, _ = causal_layers(t, x.to(t.rope_cos.dtype), self.first, len(t.layers))
         h = x.gather(1, rows.reshape(n, -1, 1).expand(-1, -1, x.shape[-1]))
         h = t.norm(h.view(n, a, bsz - 1, -1))
-        return F.linear(h, self.weight.to(h.dtype))
+        return self.project(h)
 
 
 def kl_to_teacher(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
