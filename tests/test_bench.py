@@ -96,6 +96,7 @@ def test_bench_quick_writes_the_report_schema(quick):
     assert {g["goal"] for g in r["goals"]} == {
         "our fastest configuration >= 2x the best peer's tokens/s",
         "identical greedy output to plain decoding in every speculative configuration",
+        "speculative decoding >= 2x plain decoding of the same export (decode phase)",
         "HyFlash tau >= full-context tau at every context >= 1024"}
     assert all(isinstance(g["text"], str) and g["text"] for g in r["goals"])
     speed = r["speed"]
@@ -107,6 +108,10 @@ def test_bench_quick_writes_the_report_schema(quick):
                      ("transformers generate", "plain"), ("transformers generate", "lookup")}
     for row in speed["rows"]:
         assert row["tokens_per_s"] > 0 and row["peak_rss_mib"] > 0 and row["runs"] == 1
+        if row["group"] == "ours":  # the decode phase alone is faster than with the prefill
+            assert row["decode_tokens_per_s"] > row["tokens_per_s"]
+        else:
+            assert row["decode_tokens_per_s"] is None
         assert [len(t) for t in row["tokens"]] == [r["new_tokens"]] * 2
     assert speed["skipped"] and all(s["reason"] for s in speed["skipped"])
     acc = r["acceptance"]["rows"]
@@ -192,3 +197,11 @@ def test_the_peer_goal_is_not_met_when_peers_did_not_run():
     goal = goals(result)[0]
     assert goal["met"] is None and "onnxruntime-genai int4" in goal["text"]
     assert goal["text"].startswith("Met against the peers that ran only")
+
+
+def test_the_decode_rate_counts_the_tokens_after_the_prefill_over_the_time_after_it():
+    from hyflash.bench.runs import decode_rate
+
+    mode = {"tokens": [[1] * 10, [2] * 12], "seconds": [2.0, 3.0], "prefill_seconds": [1.0, 0.5]}
+    assert decode_rate(mode, 10) == 18 / 3.5  # 9 + 9 tokens (12 cut to 10) after 1 + 2.5 s
+    assert decode_rate({"tokens": [[1] * 4], "seconds": [1.0]}, 4) is None  # a peer's mode

@@ -77,8 +77,9 @@ def test_export_bad_input_is_one_line(exported, capsys, tmp_path):
     base = ["export", "--target", str(folder), "--drafter", str(drafter)]
     one_line_error(capsys, base + ["--backend", "executorch", "--quant", "int4", "--out",
                                    str(tmp_path / "b")], "unknown ExecuTorch quantization")
-    one_line_error(capsys, base + ["--quant", "8da4w", "--out", str(tmp_path / "b")],
-                   "8da4w is an ExecuTorch recipe: pass --backend executorch")
+    one_line_error(capsys, base + ["--quant", "fp16", "--out", str(tmp_path / "b")],
+                   "unknown ONNX quantization recipe 'fp16': choose one of fp32, int8, int4, "
+                   "8da4w")
     one_line_error(capsys, base + ["--backend", "coreml", "--quant", "8da4w", "--out",
                                    str(tmp_path / "b")], "unknown Core ML quantization")
     keep = tmp_path / "my-notes"

@@ -10,7 +10,7 @@ A cached bundle is reused only if both hold:
 Anything else (no bundle, a corrupted file, new drafter weights, another context) exports
 again, and the caller is told why. Exports run as ``python -m hyflash export`` in a fresh
 process, as a user would run them, so an export's memory never counts in a later
-measurement of this process; ONNX int8 / int4 variants of a bench can be requantized from
+measurement of this process; ONNX int8 / int4 / 8da4w variants of a bench can be requantized from
 the fp32 bundle instead (``requantize_bundle``: the same recipe without a second export).
 """
 
@@ -33,7 +33,7 @@ STAMP_SUFFIX = ".inputs.json"
 
 @dataclass(frozen=True)
 class ExportSpec:
-    """What `hyflash export` is asked for; ``requantize`` makes an ONNX int8 / int4
+    """What `hyflash export` is asked for; ``requantize`` makes an ONNX int8 / int4 / 8da4w
     bundle from the fp32 bundle of the same spec."""
 
     target: str

@@ -3,8 +3,10 @@
 Each round runs every system once over the same prompts (token ids), in an order that
 rotates by round, so load from other processes on a shared machine hits all alike; a
 row's figure is the median over rounds of that round's tokens/s (all new tokens over the
-summed wall time of the generate calls, prefill included). Peak RSS is the median of the
-processes' high-water marks.
+summed wall time of the generate calls, prefill included); for our systems also of the
+decode phase alone (``decode_rate``: the prefill is the same work in every mode of a
+system, so it dilutes what speculation buys). Peak RSS is the median of the processes'
+high-water marks.
 
 Losslessness is checked, not assumed: a speculative (or lookup) mode claims the output of
 its system's plain mode, token for token; ``rows`` records whether it holds and the
@@ -98,6 +100,16 @@ def rate(mode: dict, new: int) -> float:
     return sum(min(len(t), new) for t in mode["tokens"]) / seconds if seconds else float("nan")
 
 
+def decode_rate(mode: dict, new: int) -> float | None:
+    """Tokens per second of the decode phase: the tokens after the first (which the
+    prefill's last row gives) over the time after the prefill; None where the system does
+    not report its prefill time."""
+    if "prefill_seconds" not in mode:
+        return None
+    seconds = sum(mode["seconds"]) - sum(mode["prefill_seconds"])
+    return sum(min(len(t), new) - 1 for t in mode["tokens"]) / seconds if seconds > 0 else None
+
+
 def system_rows(s: System, results: list[dict], new: int) -> list[dict]:
     rows = []
     first = results[0]["modes"]
@@ -111,6 +123,8 @@ def system_rows(s: System, results: list[dict], new: int) -> list[dict]:
                "deterministic": steady,
                "lengths_not_new": [len(t) for t in data["tokens"] if len(t) != new],
                "tokens": [t[:new] for t in data["tokens"]], "note": s.note,
+               "decode_tokens_per_s": median_or_none(decode_rate(r["modes"][mode], new)
+                                                     for r in results),
                **{k: data[k] for k in ("tau", "acceptance", "ms_per_target_call",
                                        "ms_per_drafter_call") if k in data}}
         pair = LOSSLESS_PAIRS.get(mode)
@@ -119,8 +133,16 @@ def system_rows(s: System, results: list[dict], new: int) -> list[dict]:
             row["identical"] = row["tokens"] == [t[:new] for t in first[pair]["tokens"]]
             plain = statistics.median(rate(r["modes"][pair], new) for r in results)
             row["speedup_vs_plain"] = row["tokens_per_s"] / plain if plain else None
+            plain = median_or_none(decode_rate(r["modes"][pair], new) for r in results)
+            row["decode_speedup_vs_plain"] = (row["decode_tokens_per_s"] / plain if plain and
+                                              row["decode_tokens_per_s"] else None)
         rows.append(row)
     return rows
+
+
+def median_or_none(values) -> float | None:
+    values = list(values)
+    return None if not values or None in values else statistics.median(values)
 
 
 def compare_to(rows: list[dict], reference: str) -> None:

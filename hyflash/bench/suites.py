@@ -5,8 +5,9 @@
   transformers plain vs prompt lookup, acceptance at context 64, memory rows. Every other
   configuration is listed as left out of --quick.
 - ``pocket`` (``standard``, ``make bench``): the pocket pair, every configuration: ONNX
-  Runtime fp32 / int8 / int4 in both target graph forms, ExecuTorch fp32 / 8da4w, the C++
-  runtime, each plain and speculative; the peers; acceptance at 64 / 256 / 1024 / 2048.
+  Runtime fp32 / int8 / int4 in both target graph forms and 8da4w in the lean one,
+  ExecuTorch fp32 / 8da4w, the C++ runtime, each plain and speculative; the peers;
+  acceptance at 64 / 256 / 1024 / 2048.
 - ``smollm2``: the same on SmolLM2-135M-Instruct (its Q4_1 GGUF) with ``--drafter DIR``.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from hyflash.bench.exports import ExportSpec
 
 SMOLLM2_GGUF = "models/SmolLM2-135M-Instruct.Q4_1.gguf"  # under the hyflash cache
-ONNX = [("lean", "fp32"), ("lean", "int8"), ("lean", "int4"),
+ONNX = [("lean", "fp32"), ("lean", "int8"), ("lean", "int4"), ("lean", "8da4w"),
         ("optimum", "fp32"), ("optimum", "int8"), ("optimum", "int4")]
 EXECUTORCH = ["fp32", "8da4w"]
 

@@ -7,7 +7,9 @@ driver tokenized them once: every system gets the same ids), the tokens to gener
 the threads. EOS never stops a run, so every system decodes the same number of tokens.
 
 Timing is the same for every system: the wall time of the whole generate call, prefill
-included; tokens/s = new tokens / that. One warm-up generate (8 tokens) per mode first.
+included; tokens/s = new tokens / that. Ours also report each call's prefill time, so the
+decode phase can be rated apart (``runs.decode_rate``). One warm-up generate (8 tokens)
+per mode first.
 
 Systems: ``ours`` (a bundle through our engine: plain, speculative with the drafter (all
 its rows, and as many as pay: ``runtime/draft_rows.py``'s ``auto``), lookup
@@ -30,7 +32,8 @@ WARMUP_TOKENS = 8
 
 
 def mode_result(gens: list[dict]) -> dict:
-    return {key: [g[key] for g in gens] for key in ("tokens", "seconds")}
+    return {key: [g[key] for g in gens] for key in ("tokens", "seconds", "prefill_seconds")
+            if key in gens[0]}
 
 
 # ------------------------------------------------------------------------- ours
@@ -62,7 +65,8 @@ def run_ours(req: dict) -> dict:
         gens, stats = [], []
         for ids in req["prompts"]:
             g = engine.generate(ids, max_new_tokens=req["max_new_tokens"])
-            gens.append({"tokens": g.tokens, "seconds": g.stats.total_s})
+            gens.append({"tokens": g.tokens, "seconds": g.stats.total_s,
+                         "prefill_seconds": g.stats.prefill_s})
             stats.append(g.stats)
         out[mode] = {**mode_result(gens), **call_costs(stats)}
     return out

@@ -119,6 +119,9 @@ def build(src: Source, args) -> Plan:
     if args.group_size is not None and name != "8da4w":
         raise HyflashError(f"--group-size applies to the 8da4w recipe only, not {name}: drop "
                            "it or pass --quant 8da4w")
+    if args.group_size is not None and backend == "onnx":
+        raise HyflashError("--group-size applies to --backend executorch: ONNX's 8da4w takes "
+                           "blocks of 32")
     context = context_of(src, args)
     facts = src.facts
     return Plan(target=src.target, drafter=drafter_of(src, args, context),

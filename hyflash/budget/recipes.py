@@ -9,12 +9,13 @@ bundles in ``benchmarks/results/budget_measure.md``):
   MatMul with a constant weight (all projections of both models and the LM head, whose
   Transpose is folded first so it gets its own matrix), symmetric, blocks of 32 along the
   input with one float32 scale per block (K padded to a whole block); the embedding table
-  (a Gather) stays float32.
+  (a Gather) stays float32. ``8da4w``: the int4 weights of ``int4`` (activations are
+  quantized at run time, which stores nothing).
 - ExecuTorch ``fp32``: float32; a tied table is stored twice (the embedding as a program
   constant, the LM head inside the XNNPACK blob). ``8da4w``: torchao int4 weights in groups
   of ``group_size`` on every Linear (the LM head too), a 2-byte scale per group as XNNPACK
   serializes it; the embedding stays float32.
-- ``fp16`` (and ``int8``/``int4`` on ExecuTorch, ``8da4w`` on ONNX): no exporter writes
+- ``fp16`` (and ``int8``/``int4`` on ExecuTorch): no exporter writes
   them yet; sized as the nearest recipe would store them and marked ``offered=False``.
 
 Norms, biases and the drafter's memory scalars stay float32 in every recipe.
@@ -105,9 +106,10 @@ def recipe(name: str, backend: str, group_size: int | None = None) -> Recipe:
             return Recipe(name, backend, q, q, F32, True, 4, True,
                           "MatMulNBits weight-only, fp32 activations, fp32 embedding")
         if name == "8da4w":
-            q = et_8da4w(group_size or ET_GROUP)
-            return Recipe(name, backend, q, q, F32, True, 4, False,
-                          "not an ONNX export recipe: sized as ExecuTorch stores it")
+            q = onnx_nbits(4)
+            return Recipe(name, backend, q, q, F32, True, 4, True,
+                          "MatMulNBits int4 weights, int8 activations at run time (accuracy "
+                          "level 4), fp32 embedding")
         fmt = F32 if name == "fp32" else F16
         return Recipe(name, backend, fmt, fmt, fmt, False, fmt.bits // 8, name == "fp32",
                       "float weights" + ("" if name == "fp32" else

@@ -25,7 +25,7 @@ from hyflash.bundle.records import DrafterEntry, Quantization, StateSpec, Target
 from hyflash.errors import HyflashError
 from hyflash.export import onnx as ox
 from hyflash.export.onnx_lean import target_graph_form
-from hyflash.export.quantize import check_recipe, quantize, quiet_logger
+from hyflash.export.quantize import check_recipe, lean_min_rows, quantize, quiet_logger
 from hyflash.export.shared_weights import share_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -87,8 +87,9 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
             ox.export_drafter(drafter, s / ox.DRAFTER_FILE, s / ox.COMMIT_FILE)
             bar.update()
             bar.set_postfix_str(f"quantize {quant}")
-            recipe = strip_recipe({role: quantize(quant, s / name, tmp / name)
-                                   for role, name in files.items()})
+            recipe = lean_min_rows(strip_recipe({role: quantize(quant, s / name, tmp / name)
+                                                 for role, name in files.items()}),
+                                   kv_cache.form)
             shared = share_weights(tmp, files)
             bar.update()
             bar.set_postfix_str("check + tokenizer")
@@ -185,7 +186,8 @@ def requantize_bundle(src: str | Path, quant: str, out: str | Path,
         models = {role: ox.io_contract(tmp / m.file, role, m.commit_rows)
                   for role, m in old.models.items()}
         return replace(old, hyflash_version=__version__, models=models, files={},
-                       quantization=Quantization(recipe_name, strip_recipe(recipe)),
+                       quantization=Quantization(recipe_name, lean_min_rows(
+                           strip_recipe(recipe), old.kv_cache.form)),
                        shared_weights=shared)
 
     return write_bundle(out, fill)

@@ -84,6 +84,24 @@ def check_span(start_pos: int, count: int, length: int, max_seq_len: int) -> int
     return end
 
 
+def min_rows(manifest, role: str = "target") -> int:
+    """The fewest rows a call of the role's graph may have to compute what the same rows
+    compute inside a longer call: 2 for ``8da4w`` ONNX graphs (``export/quantize.py``),
+    else 1."""
+    return int(manifest.quantization.graphs.get(role, {}).get("min_rows", 1))
+
+
+def pad_rows(tokens, rows: int):
+    """tokens [T] (numpy int64) with pad ids (0) appended up to ``rows``. The caller
+    drops the pad rows' outputs; their cache rows lie past the valid length, so the next
+    call overwrites them."""
+    import numpy as np
+
+    if tokens.shape[0] >= rows:
+        return tokens
+    return np.concatenate([tokens, np.zeros(rows - tokens.shape[0], np.int64)])
+
+
 def rolled_back(pos: int, length: int) -> int:
     """The cache length after a rollback to pos, which must keep 0..length positions."""
     if not 0 <= pos <= length:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hyflash.runtime.backends import check_span, rolled_back
+from hyflash.runtime.backends import check_span, min_rows, pad_rows, rolled_back
 
 REUSE_ROWS = 16  # output buffers are kept for calls of up to this many tokens
 
@@ -32,14 +32,17 @@ REUSE_ROWS = 16  # output buffers are kept for calls of up to this many tokens
 class OnnxLeanTarget:
     """The lean target graph behind the TargetBackend protocol (batch 1)."""
 
-    def __init__(self, session, cfg, kv_names: tuple[list[str], list[str]]):
+    def __init__(self, session, cfg, kv_names: tuple[list[str], list[str]], min_rows: int = 1):
         """session: an InferenceSession of the lean graph; cfg: the target's TargetConfig;
-        kv_names: the graph's past inputs and present outputs, layer by layer."""
+        kv_names: the graph's past inputs and present outputs, layer by layer; min_rows:
+        the graph's fewest rows per call (``backends.min_rows``): a shorter call is padded
+        to it, and the last ``min_rows - 1`` cache positions are kept for the pad."""
         import onnxruntime as ort
 
         self.session = session
         self.vocab_size = cfg.vocab_size
-        self.max_seq_len = cfg.max_seq_len
+        self.min_rows = min_rows
+        self.max_seq_len = cfg.max_seq_len - (min_rows - 1)
         self.feature_size = cfg.feature_size
         self.eos_token_ids = tuple(cfg.eos_token_ids)
         past, present = kv_names
@@ -80,16 +83,18 @@ class OnnxLeanTarget:
         next call overwrites)."""
         t = tokens.shape[0]
         end = check_span(start_pos, t, self.length, self.max_seq_len)
+        ids = pad_rows(np.ascontiguousarray(tokens, np.int64), self.min_rows)
+        rows = ids.shape[0]
         io = self.io
-        io.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, np.int64).reshape(1, t))
-        io.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
-        io.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
-        bufs, kept = self._buffers(t)
+        io.bind_cpu_input("input_ids", ids.reshape(1, rows))
+        io.bind_cpu_input("seqlens_k", np.array([start_pos + rows - 1], np.int32))
+        io.bind_cpu_input("total_sequence_length", np.array(start_pos + rows, np.int32))
+        bufs, kept = self._buffers(rows)
         for name, buf in bufs.items():  # all three: a bound output stays bound
             io.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
         self.session.run_with_iobinding(io)
         self.length = end
-        return {name: buf[0] for name, buf in bufs.items()}, kept
+        return {name: buf[0, :t] for name, buf in bufs.items()}, kept
 
     def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1).numpy()
@@ -110,7 +115,7 @@ def open_lean_target(bundle, threads: int = 0) -> OnnxLeanTarget:
 
     m = bundle.manifest
     return OnnxLeanTarget(make_session(bundle, "target", threads), m.target.config,
-                          m.kv_names())
+                          m.kv_names(), min_rows(m))
 
 
 def own(array: np.ndarray, kept: bool) -> torch.Tensor:

@@ -1,0 +1,101 @@
+"""The ONNX ``8da4w`` recipe (int4 weights, int8 activations per block and row at run
+time: MatMulNBits accuracy level 4) stays lossless. The lean target graph's attention
+computes a call of one row slightly differently from the same row inside a longer call,
+and int8 activations amplify that, so its backend pads a one-token call to two rows: a
+decode then computes bit for bit what a verify computes. The optimum form needs no pad.
+Both forms, on the pocket pair."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from test_onnx_lean import assert_decodes_losslessly
+
+from hyflash.bundle import read_bundle
+from hyflash.errors import HyflashError
+from hyflash.export.bundle import export_onnx_bundle, requantize_bundle
+from hyflash.runtime.onnx_backend import load_onnx_pair
+
+torch.set_num_threads(1)
+ort.set_default_logger_severity(3)
+
+FORMS = ("lean", "optimum")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """{form: the pocket pair exported in that target graph form, requantized to 8da4w}."""
+    root = tmp_path_factory.mktemp("8da4w")
+    out = {}
+    for form in FORMS:
+        export_onnx_bundle("pocket", "pocket", root / f"{form}-fp32", "fp32", progress=False,
+                           target_graph=form)
+        out[form] = root / form
+        requantize_bundle(root / f"{form}-fp32", "8da4w", out[form])
+    return out
+
+
+def decode_vs_verify(target, trials: int = 4) -> float:
+    """Largest logit difference between 8 one-token calls and one 8-token call over the
+    same tokens after the same random prompt."""
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for trial in range(trials):
+        prompt = torch.tensor(rng.integers(3, 200, 20 + 10 * trial))
+        block = torch.tensor(rng.integers(3, 200, 8))
+        target.rollback(0)
+        target.forward(prompt, 0)
+        verify, _ = target.forward(block, len(prompt))
+        target.rollback(len(prompt))
+        decoded = torch.stack([target.forward(block[i:i + 1], len(prompt) + i)[0][0]
+                               for i in range(8)])
+        worst = max(worst, float((decoded - verify).abs().max()))
+    return worst
+
+
+def test_the_recipe_quantizes_activations_and_the_lean_target_records_two_rows(bundles):
+    m = read_bundle(bundles["lean"]).manifest
+    assert m.quantization.recipe == "8da4w"
+    assert m.quantization.graphs["target"]["min_rows"] == 2
+    assert "min_rows" not in read_bundle(bundles["optimum"]).manifest.quantization.graphs[
+        "target"]
+    for role, graph in m.quantization.graphs.items():
+        assert graph["accuracy_level"] == 4, role
+        nodes = onnx.load(str(bundles["lean"] / m.model(role).file)).graph.node
+        levels = {a.i for n in nodes if n.op_type == "MatMulNBits"
+                  for a in n.attribute if a.name == "accuracy_level"}
+        assert levels == {4}, role
+
+
+def test_a_padded_decode_computes_exactly_the_rows_of_a_verify(bundles):
+    _, target, _ = load_onnx_pair(bundles["lean"], threads=1)
+    assert target.min_rows == 2
+    assert decode_vs_verify(target) == 0.0
+    target.min_rows = 1  # what a one-row call computes instead: why the backend pads
+    assert decode_vs_verify(target) > 1e-3
+
+
+def test_the_optimum_form_computes_one_row_like_many_without_a_pad(bundles):
+    _, target, _ = load_onnx_pair(bundles["optimum"], threads=1)
+    assert decode_vs_verify(target) == 0.0
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_speculative_decoding_is_the_padded_plain_decode(bundles, form):
+    _, target, drafter = load_onnx_pair(bundles[form], threads=1)
+    assert_decodes_losslessly(target, drafter)
+
+
+def test_the_pad_row_costs_the_last_cache_position(bundles):
+    """The usable context is the graph's minus one: a decode at the last usable position
+    still has room for its pad, one more is refused in one line."""
+    _, target, _ = load_onnx_pair(bundles["lean"], threads=1)
+    cfg = read_bundle(bundles["lean"]).manifest.target.config
+    assert target.max_seq_len == cfg.max_seq_len - 1
+    n = target.max_seq_len - 1
+    target.forward(torch.arange(n) % 200 + 3, 0)
+    logits, _ = target.forward(torch.tensor([5]), n)
+    assert logits.shape == (1, cfg.vocab_size) and target.length == target.max_seq_len
+    with pytest.raises(HyflashError, match="do not fit the target's context"):
+        target.forward(torch.tensor([5]), target.max_seq_len)
