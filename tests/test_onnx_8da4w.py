@@ -25,7 +25,8 @@ FORMS = ("lean", "optimum")
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    """{form: the pocket pair exported in that target graph form, requantized to 8da4w}."""
+    """{form: the pocket pair exported in that target graph form, requantized to 8da4w;
+    lean-8da8w: the lean one requantized to 8da8w}."""
     root = tmp_path_factory.mktemp("8da4w")
     out = {}
     for form in FORMS:
@@ -33,6 +34,8 @@ def bundles(tmp_path_factory):
                            target_graph=form)
         out[form] = root / form
         requantize_bundle(root / f"{form}-fp32", "8da4w", out[form])
+    out["lean-8da8w"] = root / "lean-8da8w"
+    requantize_bundle(root / "lean-fp32", "8da8w", out["lean-8da8w"])
     return out
 
 
@@ -68,8 +71,9 @@ def test_the_recipe_quantizes_activations_and_the_lean_target_records_two_rows(b
         assert levels == {4}, role
 
 
-def test_a_padded_decode_computes_exactly_the_rows_of_a_verify(bundles):
-    _, target, _ = load_onnx_pair(bundles["lean"], threads=1)
+@pytest.mark.parametrize("name", ["lean", "lean-8da8w"])
+def test_a_padded_decode_computes_exactly_the_rows_of_a_verify(bundles, name):
+    _, target, _ = load_onnx_pair(bundles[name], threads=1)
     assert target.min_rows == 2
     assert decode_vs_verify(target) == 0.0
     target.min_rows = 1  # what a one-row call computes instead: why the backend pads
@@ -81,9 +85,9 @@ def test_the_optimum_form_computes_one_row_like_many_without_a_pad(bundles):
     assert decode_vs_verify(target) == 0.0
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_speculative_decoding_is_the_padded_plain_decode(bundles, form):
-    _, target, drafter = load_onnx_pair(bundles[form], threads=1)
+@pytest.mark.parametrize("name", [*FORMS, "lean-8da8w"])
+def test_speculative_decoding_is_the_padded_plain_decode(bundles, name):
+    _, target, drafter = load_onnx_pair(bundles[name], threads=1)
     assert_decodes_losslessly(target, drafter)
 
 
@@ -99,3 +103,19 @@ def test_the_pad_row_costs_the_last_cache_position(bundles):
     assert logits.shape == (1, cfg.vocab_size) and target.length == target.max_seq_len
     with pytest.raises(HyflashError, match="do not fit the target's context"):
         target.forward(torch.tensor([5]), target.max_seq_len)
+
+
+@pytest.mark.parametrize("name", ["lean", "lean-8da8w"])
+def test_the_budget_sizes_what_the_recipe_stored(bundles, name):
+    from test_budget_memory import initializer_bytes
+
+    from hyflash.budget import memory
+    from hyflash.budget.plan import for_bundle
+    from hyflash.budget.sources import resolve
+
+    src = resolve(str(bundles[name]))
+    plan = for_bundle(src)
+    assert plan.recipe.name == read_bundle(bundles[name]).manifest.quantization.recipe
+    assert plan.recipe.offered
+    estimate, real = memory.budget(plan).stored, initializer_bytes(src.bundle)
+    assert abs(estimate / real - 1) < 0.03, (estimate, real)

@@ -20,6 +20,7 @@ from hyflash.bench.exports import ExportSpec
 
 SMOLLM2_GGUF = "models/SmolLM2-135M-Instruct.Q4_1.gguf"  # under the hyflash cache
 ONNX = [("lean", "fp32"), ("lean", "int8"), ("lean", "int4"), ("lean", "8da4w"),
+        ("lean", "8da8w"),
         ("optimum", "fp32"), ("optimum", "int8"), ("optimum", "int4")]
 EXECUTORCH = ["fp32", "8da4w"]
 

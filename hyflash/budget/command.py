@@ -14,7 +14,7 @@ from pathlib import Path
 from hyflash.argtypes import positive_int, threads
 from hyflash.errors import HyflashError
 
-RECIPES = ("fp32", "fp16", "int8", "int4", "8da4w")
+RECIPES = ("fp32", "fp16", "int8", "int4", "8da4w", "8da8w")  # budget.recipes.RECIPE_NAMES
 
 
 def tau_value(text: str) -> float:

@@ -10,12 +10,12 @@ bundles in ``benchmarks/results/budget_measure.md``):
   Transpose is folded first so it gets its own matrix), symmetric, blocks of 32 along the
   input with one float32 scale per block (K padded to a whole block); the embedding table
   (a Gather) stays float32. ``8da4w``: the int4 weights of ``int4`` (activations are
-  quantized at run time, which stores nothing).
+  quantized at run time, which stores nothing); ``8da8w``: the int8 weights of ``int8``.
 - ExecuTorch ``fp32``: float32; a tied table is stored twice (the embedding as a program
   constant, the LM head inside the XNNPACK blob). ``8da4w``: torchao int4 weights in groups
   of ``group_size`` on every Linear (the LM head too), a 2-byte scale per group as XNNPACK
   serializes it; the embedding stays float32.
-- ``fp16`` (and ``int8``/``int4`` on ExecuTorch): no exporter writes
+- ``fp16`` (and ``int8``/``int4``/``8da8w`` on ExecuTorch): no exporter writes
   them yet; sized as the nearest recipe would store them and marked ``offered=False``.
 
 Norms, biases and the drafter's memory scalars stay float32 in every recipe.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from hyflash.errors import HyflashError
 
 BACKENDS = ("onnx", "executorch")
-RECIPE_NAMES = ("fp32", "fp16", "int8", "int4", "8da4w")
+RECIPE_NAMES = ("fp32", "fp16", "int8", "int4", "8da4w", "8da8w")
 ONNX_BLOCK = 32  # hyflash.export.quantize.BLOCK
 ET_GROUP = 32  # hyflash.export.executorch.DEFAULT_GROUP_SIZE
 PER_ROW = -1  # group size meaning one scale per output row
@@ -105,11 +105,11 @@ def recipe(name: str, backend: str, group_size: int | None = None) -> Recipe:
             q = onnx_nbits(int(name[3:]))
             return Recipe(name, backend, q, q, F32, True, 4, True,
                           "MatMulNBits weight-only, fp32 activations, fp32 embedding")
-        if name == "8da4w":
-            q = onnx_nbits(4)
+        if name in ("8da4w", "8da8w"):
+            q = onnx_nbits(int(name[3]))
             return Recipe(name, backend, q, q, F32, True, 4, True,
-                          "MatMulNBits int4 weights, int8 activations at run time (accuracy "
-                          "level 4), fp32 embedding")
+                          f"MatMulNBits int{name[3]} weights, int8 activations at run time "
+                          "(accuracy level 4), fp32 embedding")
         fmt = F32 if name == "fp32" else F16
         return Recipe(name, backend, fmt, fmt, fmt, False, fmt.bits // 8, name == "fp32",
                       "float weights" + ("" if name == "fp32" else
@@ -119,11 +119,12 @@ def recipe(name: str, backend: str, group_size: int | None = None) -> Recipe:
         return Recipe(name, backend, q, q, F32, True, 4, name == "8da4w",
                       "torchao int4 weights, int8 per-token activations, fp32 embedding"
                       + ("" if name == "8da4w" else "; int4 is ExecuTorch's 8da4w"))
-    if name == "int8":
+    if name in ("int8", "8da8w"):
         q = WeightFormat(8, PER_ROW, 4)
         return Recipe(name, backend, q, q, F32, True, 4, False,
                       "not offered (XNNPACK has no int8-weight float linear): sized as int8 "
-                      "per-channel weights")
+                      "per-channel weights" if name == "int8" else
+                      "not an ExecuTorch export recipe: sized as int8 per-channel weights")
     fmt = F32 if name == "fp32" else F16
     return Recipe(name, backend, fmt, fmt, fmt, True, fmt.bits // 8, name == "fp32",
                   "float weights; the tied table is stored twice (constant + XNNPACK blob)"

@@ -57,7 +57,8 @@ class RuntimeCosts:
         recipe the exporter does not offer: the float or the 4-bit one)."""
         if recipe in self.weights_factor:
             return self.weights_factor[recipe]
-        nearest = {"fp16": "fp32", "int8": "int4", "int4": "8da4w", "8da4w": "int4"}.get(recipe)
+        nearest = {"fp16": "fp32", "int8": "int4", "int4": "8da4w", "8da4w": "int4",
+                   "8da8w": "int4"}.get(recipe)
         return self.weights_factor.get(nearest, self.weights_factor["fp32"])
 
 

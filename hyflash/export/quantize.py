@@ -8,13 +8,14 @@ goes into the manifest, so a reader knows exactly which tool and settings made i
 - ``int8``, ``int4``: ``MatMulNBitsQuantizer``: MatMul weights int8 / int4 in blocks of
   32 along the input dimension, one fp32 scale per block (symmetric), run by the
   MatMulNBits contrib op; activations stay fp32. MatMul weights shrink ~3.6x / ~6x.
-
-- ``8da4w``: the int4 weights of ``int4``, with MatMulNBits' ``accuracy_level`` 4: each
-  call quantizes its activations to int8 at run time, one scale per block of 32 inputs of
-  each row, and multiplies in integers (what onnxruntime-genai's model builder writes by
-  default, and the same idea as ExecuTorch's ``8da4w``). Faster than ``int4`` on a CPU
-  with int8 dot products (SmolLM2-135M on this project's AVX-512 machine: a decode 9.8
-  against 12.5 ms, a verify of 8 tokens 22.7 against 39.0, README).
+- ``8da4w``, ``8da8w``: the int4 / int8 weights of ``int4`` / ``int8``, with MatMulNBits'
+  ``accuracy_level`` 4: each call quantizes its activations to int8 at run time, one scale
+  per block of 32 inputs of each row, and multiplies in integers (what onnxruntime-genai's
+  model builder writes by default; the same idea as ExecuTorch's ``8da4w``). Much faster
+  on a CPU with int8 dot products: SmolLM2-135M on this project's AVX-512 machine, 1
+  thread, a decode 12.0 ms at 8da4w against 16.6 at int4 and 32.0 at fp32, a verify of 8
+  tokens 30.4 against 62.4 and 52.7 (``benchmarks/results/verify_rows.md``); ``int8``
+  has no fast kernel at all (a decode 304 ms).
 
 ``int8`` and ``int4`` are weight-only on purpose. Dynamic activation quantization
 (``quantize_dynamic``: DynamicQuantizeLinear + MatMulInteger) takes one activation scale
@@ -23,14 +24,14 @@ from a decode of that row alone, and a near-tie can then make speculative output
 from the quantized target's own greedy decode. Weight-only recipes compute every row the
 same way whatever else is in the call: verification stays exactly lossless.
 
-``8da4w`` scales each row on its own, so a row's result does not depend on the other rows
-of a call either, with one exception in the lean target graph: GroupQueryAttention takes
-another path for a call of ONE row, whose float32 results differ in the last bits (1e-5
-on the pocket model's logits, harmless at fp32), and rounding activations to int8 turns
-that into real differences (up to 0.94 in a SmolLM2-135M logit). The lean target of an
-``8da4w`` bundle therefore records ``min_rows: 2`` (``lean_min_rows``), and its backend
-runs a one-token call as two rows, the second a pad whose outputs are dropped and whose
-cache row the next call overwrites (``hyflash.runtime.backends.pad_rows``): a decode then
+The 8da recipes scale each row on its own, so a row's result does not depend on the other
+rows of a call either, with one exception in the lean target graph: GroupQueryAttention
+takes another path for a call of ONE row, whose float32 results differ in the last bits
+(1e-5 on the pocket model's logits, harmless at fp32), and rounding activations to int8
+turns that into real differences (up to 1.1 in a SmolLM2-135M logit). The lean target of
+an 8da bundle therefore records ``min_rows: 2`` (``lean_min_rows``), and its backend runs
+a one-token call as two rows, the second a pad whose outputs are dropped and whose cache
+row the next call overwrites (``hyflash.runtime.backends.pad_rows``): a decode then
 computes bit for bit the row a verify computes, and the usable context is one position
 shorter than the graph's. The optimum form's attention computes one row like many, so it
 needs no pad (``tests/test_onnx_8da4w.py``).
@@ -72,7 +73,7 @@ def fold_weight_transposes(src: Path):
 def matmul_nbits(bits: int, accuracy_level: int = 0) -> Callable[[Path, Path], dict]:
     """An int{bits} recipe: MatMulNBits, symmetric blocks of BLOCK; activations fp32
     (accuracy level 0) or quantized to int8 per block and row at run time (level 4)."""
-    name = f"int{bits}" if accuracy_level == 0 else "8da4w"
+    name = f"int{bits}" if accuracy_level == 0 else f"8da{bits}w"
 
     def recipe(src: Path, dst: Path) -> dict:
         with quiet_logger():  # importing the quantizer calls logging.basicConfig(INFO)
@@ -114,7 +115,8 @@ def quiet_logger(name: str | None = None):
 
 RECIPES: dict[str, Callable[[Path, Path], dict]] = {"fp32": fp32, "int8": matmul_nbits(8),
                                                      "int4": matmul_nbits(4),
-                                                     "8da4w": matmul_nbits(4, accuracy_level=4)}
+                                                     "8da4w": matmul_nbits(4, accuracy_level=4),
+                                                     "8da8w": matmul_nbits(8, accuracy_level=4)}
 
 
 def lean_min_rows(graphs: dict[str, dict], kv_form: str) -> dict[str, dict]:
