@@ -29,8 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                           *COREML_RECIPES])),
                    default=None,
                    help="quantization recipe (default fp32; coreml: fp16): onnx takes fp32, "
-                        "int8, int4 (weight-only), 8da4w (int4 weights, int8 activations per "
-                        "block of 32 at run time: faster on CPUs with int8 dot products); "
+                        "int8, int4 (weight-only), 8da4w, 8da8w (int4 / int8 weights, int8 "
+                        "activations per block of 32 at run time: faster on CPUs with int8 "
+                        "dot products); "
                         "executorch takes fp32, 8da4w (int4 grouped "
                         "weights, int8 per-token activations); coreml takes fp16, int8 "
                         "(per channel), int4 (blocks of 32, iOS 18), weight-only")
