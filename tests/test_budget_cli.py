@@ -143,6 +143,8 @@ def bad_devices(tmp_path):
     (["smollm2-135m", "--tau-full", "2"], ["--tau-full needs --tau"]),
     (["smollm2-135m", "--prompt-tokens", "9"], ["--prompt-tokens sizes the run of --measure"]),
     (["smollm2-135m", "--quant", "int4", "--group-size", "64"], ["--group-size applies to"]),
+    (["smollm2-135m", "--quant", "8da4w", "--backend", "onnx", "--group-size", "64"],
+     ["--group-size applies to --backend executorch", "blocks of 32"]),
     (["smollm2-135m", "--draft-vocab", "60000"], ["not below the vocabulary (49152)"]),
     (["smollm2-135m", "--devices", "DEVICES"], ["app_limit_gib must be a number > 0"]),
     (["smollm2-135m", "--drafter", "/no/such/drafter"], ["no drafter at /no/such/drafter"]),
