@@ -63,6 +63,10 @@ def test_the_recipe_quantizes_activations_and_the_lean_target_records_two_rows(b
     assert m.quantization.graphs["target"]["min_rows"] == 2
     assert "min_rows" not in read_bundle(bundles["optimum"]).manifest.quantization.graphs[
         "target"]
+    from hyflash.bundle.describe import describe
+
+    shown = describe(read_bundle(bundles["lean"]))  # what `hyflash inspect` prints
+    assert "activations int8 per block of 32" in shown and "run as 2 rows" in shown
     for role, graph in m.quantization.graphs.items():
         assert graph["accuracy_level"] == 4, role
         nodes = onnx.load(str(bundles["lean"] / m.model(role).file)).graph.node

@@ -26,8 +26,7 @@ def describe(bundle: Bundle) -> str:
                     f"({m.drafter.window_holds}), memory {d.memory}"),
         ("tap layers -> features", f"{list(m.tap_layers)} -> {t.feature_size}"),
         ("max context", m.max_context),
-        ("quantization", f"{m.quantization.recipe}: "
-                         f"{m.quantization.graphs.get('target', {}).get('weights', '')}"),
+        ("quantization", quantization(m)),
         ("KV cache", f"{KV_FORMS[m.kv_cache.form]}, {m.kv_cache.dtype}, "
                      f"{m.kv_bytes_per_token} B/token, "
                      f"{m.kv_bytes_per_token * m.max_context / MIB:.1f} MiB at max context"),
@@ -65,3 +64,15 @@ def compact(specs: tuple[TensorSpec, ...]) -> list[TensorSpec]:
             s = TensorSpec(key, s.shape, s.dtype)
         out.append(s)
     return out
+
+
+def quantization(m) -> str:
+    """The recipe, the target's weights, and its activations and pad row where recorded."""
+    target = m.quantization.graphs.get("target", {})
+    parts = [target.get("weights", "")]
+    if target.get("accuracy_level"):
+        parts.append(f"activations {target['activations']}")
+    if target.get("min_rows", 1) > 1:
+        parts.append(f"one-token calls run as {target['min_rows']} rows (a pad row, so "
+                     "that a decode computes what a verify row does)")
+    return f"{m.quantization.recipe}: " + "; ".join(p for p in parts if p)
