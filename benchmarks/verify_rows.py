@@ -10,7 +10,10 @@ here from the bundle's fp32 lean graph, after a random prompt (50..250 tokens) i
 one verify of 8 random tokens, rolls back, decodes the same 8 one by one, once as one-row
 calls and once padded to two rows (what the backend does for the 8da recipes:
 ``hyflash.runtime.backends.pad_rows``), and reports the largest logit difference to the
-verify, how many argmaxes differ, and the median call times at 1 thread.
+verify, how many argmaxes differ, and the median call times at 1 thread; and how far each
+recipe's verify rows are from the fp32 graph's. ``int4 requantized`` / ``8da4w
+requantized``: the 4-bit recipes with a GGUF's own 4-bit blocks quantized again instead of
+kept (``hyflash.export.grid_blocks``), to show what keeping them buys and costs.
 Writes ``verify_rows.md`` / ``.json`` under ``--out``.
 """
 
@@ -40,7 +43,7 @@ def compare(path: Path, manifest, trials: int) -> dict:
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     target = OnnxLeanTarget(session, manifest.target.config, manifest.kv_names())
     rng = np.random.default_rng(0)
-    worst, flips, rows = {1: 0.0, 2: 0.0}, {1: 0, 2: 0}, 0
+    worst, flips, rows, verifies = {1: 0.0, 2: 0.0}, {1: 0, 2: 0}, 0, []
     times = {"verify": [], "decode": [], "padded_decode": []}
     for trial in range(trials):
         prompt = torch.tensor(rng.integers(100, 20000, 50 + 40 * trial))
@@ -51,6 +54,7 @@ def compare(path: Path, manifest, trials: int) -> dict:
         t0 = time.perf_counter()
         verify, _ = target.forward(block, pos)
         times["verify"].append(time.perf_counter() - t0)
+        verifies.append(verify)
         for pad, name in ((1, "decode"), (2, "padded_decode")):
             target.min_rows = pad
             target.rollback(pos)
@@ -66,13 +70,16 @@ def compare(path: Path, manifest, trials: int) -> dict:
         rows += 8
     return {"max_abs_logit_diff": worst[1], "argmax_differs": flips[1],
             "padded_max_abs_logit_diff": worst[2], "padded_argmax_differs": flips[2],
-            "rows": rows,
+            "rows": rows, "verifies": torch.cat(verifies),
             **{f"{k}_ms": round(1e3 * statistics.median(v), 1) for k, v in times.items()}}
+
+
+REQUANTIZED = {"int4 requantized": 0, "8da4w requantized": 4}  # -> accuracy level
 
 
 def main() -> None:
     from hyflash.bundle import read_bundle
-    from hyflash.export.quantize import RECIPES, quantize
+    from hyflash.export.quantize import RECIPES, matmul_nbits, quantize
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("bundle", type=Path, help="an fp32 bundle with the lean target graph")
@@ -83,26 +90,39 @@ def main() -> None:
     m = bundle.manifest
     if m.kv_cache.form != "in_place" or m.quantization.recipe != "fp32":
         raise SystemExit(f"{args.bundle} is not an fp32 bundle with the lean target graph")
-    rows = {}
+    rows, ref = {}, None
     with tempfile.TemporaryDirectory() as tmp:
         src = bundle.path("target")
-        for recipe in RECIPES:
+        for recipe in (*RECIPES, *REQUANTIZED):
             path = src if recipe == "fp32" else Path(tmp) / f"{recipe}.onnx"
-            if recipe != "fp32":
+            if recipe in REQUANTIZED:  # a GGUF's 4-bit blocks quantized again, not kept
+                matmul_nbits(4, REQUANTIZED[recipe], keep_source_grid=False)(src, path)
+            elif recipe != "fp32":
                 quantize(recipe, src, path)
             rows[recipe] = compare(path, m, args.trials)
+            got = rows[recipe].pop("verifies")
+            if recipe == "fp32":  # first: the reference of the others
+                ref = got
+            rows[recipe]["vs_fp32_max_abs_logit_diff"] = round(float((got - ref).abs().max()), 4)
+            rows[recipe]["vs_fp32_argmax_differs"] = int((got.argmax(-1) != ref.argmax(-1)).sum())
             print(recipe, rows[recipe], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "verify_rows.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = ["# Verify rows vs decodes of the same rows", "",
              f"`python {' '.join(sys.argv)}` (target: {m.target.source}, 1 thread)", "",
+             "*vs fp32*: the verify rows against the fp32 graph's (how far the recipe moves the "
+             "model); *requantized*: a GGUF's 4-bit blocks quantized again instead of kept "
+             "(`hyflash.export.grid_blocks`).", "",
              "| recipe | one-row decodes: max abs logit diff | argmax differs | padded to two "
-             "rows: max abs logit diff | argmax differs | verify ms (T=8) | decode ms | padded "
-             "decode ms |", "|---|---|---|---|---|---|---|---|"]
+             "rows: max abs logit diff | argmax differs | vs fp32: max abs logit diff | argmax "
+             "differs | verify ms (T=8) | decode ms | padded decode ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         lines.append(f"| {name} | {r['max_abs_logit_diff']:.2g} | {r['argmax_differs']} of "
                      f"{r['rows']} | {r['padded_max_abs_logit_diff']:.2g} | "
-                     f"{r['padded_argmax_differs']} of {r['rows']} | {r['verify_ms']} | "
+                     f"{r['padded_argmax_differs']} of {r['rows']} | "
+                     f"{r['vs_fp32_max_abs_logit_diff']:.2g} | {r['vs_fp32_argmax_differs']} of "
+                     f"{r['rows']} | {r['verify_ms']} | "
                      f"{r['decode_ms']} | {r['padded_decode_ms']} |")
     (args.out / "verify_rows.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

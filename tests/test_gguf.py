@@ -70,8 +70,11 @@ def save_hf(folder, bpe, arch="llama", tied=False):
     return model
 
 
-def write_gguf(path, model, bpe, arch="llama", tokenizer=True, pre="default", add_bos=False):
-    """Write model + tokenizer as GGUF the way llama.cpp's converter does (F32 tensors)."""
+def write_gguf(path, model, bpe, arch="llama", tokenizer=True, pre="default", add_bos=False,
+               quant=None):
+    """Write model + tokenizer as GGUF the way llama.cpp's converter does (F32 tensors;
+    ``quant``: {"blk" or "token_embd": GGML type} quantizes the layers' 2-D weights or the
+    embedding with the gguf package)."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
@@ -109,7 +112,12 @@ def write_gguf(path, model, bpe, arch="llama", tokenizer=True, pre="default", ad
         else:
             gname = {"embed_tokens.weight": "token_embd.weight", "norm.weight":
                      "output_norm.weight", "lm_head.weight": "output.weight"}[".".join(parts)]
-        w.add_tensor(gname, np.ascontiguousarray(x))
+        kind = (quant or {}).get(gname.split(".")[0]) if x.ndim == 2 else None
+        if kind is None:
+            w.add_tensor(gname, np.ascontiguousarray(x))
+        else:
+            w.add_tensor(gname, gguf.quants.quantize(np.ascontiguousarray(x), kind),
+                         raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -82,6 +82,12 @@ def test_export_bad_input_is_one_line(exported, capsys, tmp_path):
                    "8da4w")
     one_line_error(capsys, base + ["--backend", "coreml", "--quant", "8da4w", "--out",
                                    str(tmp_path / "b")], "unknown Core ML quantization")
+    one_line_error(capsys, base + ["--quant", "int8", "--source-blocks", "requantize", "--out",
+                                   str(tmp_path / "b")],
+                   "--source-blocks requantize applies to the 4-bit ONNX recipes")
+    one_line_error(capsys, base + ["--backend", "executorch", "--quant", "8da4w",
+                                   "--source-blocks", "keep", "--out", str(tmp_path / "b")],
+                   "--source-blocks applies to --backend onnx")
     keep = tmp_path / "my-notes"
     keep.mkdir()
     (keep / "notes.txt").write_text("precious")

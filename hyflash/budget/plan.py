@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from hyflash.budget.memory import Plan
 from hyflash.budget.phone_fit import on_phone
-from hyflash.budget.recipes import default_backend, recipe
+from hyflash.budget.recipes import default_backend, recipe, source_grid
 from hyflash.budget.runtime_costs import runtime_costs
 from hyflash.budget.shapes import DrafterShape, TargetShape
 from hyflash.budget.sources import Source
@@ -124,10 +124,11 @@ def build(src: Source, args) -> Plan:
                            "blocks of 32")
     context = context_of(src, args)
     facts = src.facts
-    return Plan(target=src.target, drafter=drafter_of(src, args, context),
-                recipe=recipe(name, backend, src.group_size or args.group_size),
-                drafter_recipe=recipe(drafter_name, backend, src.group_size or args.group_size)
-                if drafter_name != name else None,
+    target_recipe = recipe(name, backend, src.group_size or args.group_size)
+    drafter_recipe = recipe(drafter_name, backend, src.group_size or args.group_size)
+    kept = source_grid(target_recipe, facts.get("source_grid"))  # the drafter is never a GGUF's
+    return Plan(target=src.target, drafter=drafter_of(src, args, context), recipe=kept,
+                drafter_recipe=drafter_recipe if drafter_recipe != kept else None,
                 context=context, prefill=min(args.prefill_chunk or DEFAULT_PREFILL, context),
                 runtime=on_phone(runtime_costs(backend)),
                 embedding_mapped=(backend == "onnx" and any("embed" in n for n in

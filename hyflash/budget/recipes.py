@@ -15,6 +15,10 @@ bundles in ``benchmarks/results/budget_measure.md``):
   constant, the LM head inside the XNNPACK blob). ``8da4w``: torchao int4 weights in groups
   of ``group_size`` on every Linear (the LM head too), a 2-byte scale per group as XNNPACK
   serializes it; the embedding stays float32.
+- ONNX ``int4`` / ``8da4w`` of a target whose projections already are 4-bit blocks (a
+  GGUF's Q4_0 / Q4_1, ``hyflash.export.grid_blocks``): those keep their codes with a
+  float32 scale and a float32 offset per block of 32; ``8da4w`` keeps a Q8_0 LM head as
+  8-bit blocks with a float32 scale (``source_grid``).
 - ``fp16`` (and ``int8``/``int4``/``8da8w`` on ExecuTorch): no exporter writes
   them yet; sized as the nearest recipe would store them and marked ``offered=False``.
 
@@ -24,7 +28,7 @@ Norms, biases and the drafter's memory scalars stay float32 in every recipe.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hyflash.errors import HyflashError
 
@@ -129,6 +133,23 @@ def recipe(name: str, backend: str, group_size: int | None = None) -> Recipe:
     return Recipe(name, backend, fmt, fmt, fmt, True, fmt.bits // 8, name == "fp32",
                   "float weights; the tied table is stored twice (constant + XNNPACK blob)"
                   + ("" if name == "fp32" else "; fp16 is not an export recipe yet"))
+
+
+def source_grid(r: Recipe, grid: dict | None) -> Recipe:
+    """r as it stores a target whose weights the exporter kept on their source's grid
+    (``grid``: the kinds kept, as a GGUF's tensor types or a manifest's ``source_grid``
+    give them): projections with a scale and an offset per block, an 8-bit LM head."""
+    if not grid or r.backend != "onnx" or r.name not in ("int4", "8da4w"):
+        return r
+    linear = WeightFormat(4, ONNX_BLOCK, 8) if grid.get("int4") else r.linear
+    head = onnx_nbits(8) if grid.get("int8") and r.name == "8da4w" else r.lm_head
+    if (linear, head) == (r.linear, r.lm_head):
+        return r
+    kept = " and ".join(x for x, on in (("projections' Q4 blocks (+ a float32 offset per "
+                                         "block)", linear != r.linear),
+                                        ("LM head's Q8_0 blocks", head != r.lm_head)) if on)
+    return replace(r, linear=linear, lm_head=head, about=f"{r.about}; the source's {kept} "
+                                                          "kept exactly")
 
 
 def default_backend(name: str) -> str:

@@ -69,7 +69,8 @@ def from_bundle(folder: Path) -> Source:
     facts = {"kv_form": m.kv_cache.form, "kv_dtype": m.kv_cache.dtype,
              "state_bytes": m.state_bytes, "commit_rows": step.commit_rows if step else None,
              "shared": sorted(m.shared_weights), "files": {n: e.bytes for n, e in m.files.items()},
-             "models": {role: c.file for role, c in m.models.items()}}
+             "models": {role: c.file for role, c in m.models.items()},
+             "source_grid": graphs.get("source_grid")}
     return Source("bundle", str(folder), target, drafter, m.quantization.recipe, m.backend,
                   graphs.get("group_size"), m.max_context, bundle, facts)
 
@@ -111,7 +112,18 @@ def from_gguf(path: Path) -> Source:
               for t in reader.tensors}
     hf = hf_config(meta, arch, shapes, path)
     return Source("gguf", str(path), TargetShape.from_hf(hf, path.stem, str(path)),
-                  facts={"file_bytes": path.stat().st_size})
+                  facts={"file_bytes": path.stat().st_size, "source_grid": gguf_grid(reader)})
+
+
+def gguf_grid(reader) -> dict[str, bool]:
+    """Which of a GGUF's weights the int4 recipes keep on their own grid
+    (``hyflash.export.grid_blocks``): every projection Q4_0 / Q4_1; the LM head Q8_0."""
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    projections = [kind for name, kind in types.items()
+                   if name.startswith("blk.") and name.endswith(".weight") and "norm" not in name]
+    head = types.get("output.weight", types.get("token_embd.weight"))
+    return {"int4": bool(projections) and all(k in ("Q4_0", "Q4_1") for k in projections),
+            "int8": head == "Q8_0"}
 
 
 def from_hub(repo: str) -> Source:

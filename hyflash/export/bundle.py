@@ -25,7 +25,13 @@ from hyflash.bundle.records import DrafterEntry, Quantization, StateSpec, Target
 from hyflash.errors import HyflashError
 from hyflash.export import onnx as ox
 from hyflash.export.onnx_lean import target_graph_form
-from hyflash.export.quantize import check_recipe, lean_min_rows, quantize, quiet_logger
+from hyflash.export.quantize import (
+    check_recipe,
+    check_source_blocks,
+    lean_min_rows,
+    quantize,
+    quiet_logger,
+)
 from hyflash.export.shared_weights import share_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -59,15 +65,17 @@ def load_pair(target_path: str | Path, drafter_dir: str | Path, max_seq_len: int
 def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: str | Path,
                        quant: str = "fp32", max_seq_len: int | None = None,
                        progress: bool = True, window_cache: str = "kv",
-                       target_graph: str = "auto") -> Manifest:
+                       target_graph: str = "auto", source_blocks: str = "keep") -> Manifest:
     """Export the target at target_path (a model folder, hub id or ``pocket``) and the
     drafter trained for it into a bundle at out; return the manifest. ``window_cache``
     picks the drafter's window layout (see ``hyflash.models.drafter``), ``target_graph``
     the target graph's form (``hyflash.export.onnx_lean``: ``lean``, ``optimum`` or
-    ``auto``, lean where the model allows it)."""
+    ``auto``, lean where the model allows it), ``source_blocks`` what the 4-bit recipes do
+    with weights that already are 4-bit blocks (``hyflash.export.quantize.quantize``)."""
     import torch
 
     check_recipe(quant)  # before the slow part
+    check_source_blocks(quant, source_blocks)
     folder, drafter_dir, target, drafter = load_pair(target_path, drafter_dir, max_seq_len,
                                                      window_cache)
     target_file, kv_cache, export_target = target_graph_form(target_graph, target)
@@ -87,7 +95,8 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
             ox.export_drafter(drafter, s / ox.DRAFTER_FILE, s / ox.COMMIT_FILE)
             bar.update()
             bar.set_postfix_str(f"quantize {quant}")
-            recipe = lean_min_rows(strip_recipe({role: quantize(quant, s / name, tmp / name)
+            recipe = lean_min_rows(strip_recipe({role: quantize(quant, s / name, tmp / name,
+                                                                source_blocks)
                                                  for role, name in files.items()}),
                                    kv_cache.form)
             shared = share_weights(tmp, files)
@@ -148,7 +157,8 @@ def contracts(folder: Path, commit_rows: dict[str, int], files: dict[str, str]) 
 
 
 def requantize_bundle(src: str | Path, quant: str, out: str | Path,
-                      roles: tuple[str, ...] | None = None) -> Manifest:
+                      roles: tuple[str, ...] | None = None,
+                      source_blocks: str = "keep") -> Manifest:
     """A new bundle at out with the graphs of the fp32 bundle src quantized by ``quant``;
     everything else is copied. Exporting once and quantizing many times saves the
     export (the slow part) when comparing recipes. ``roles`` quantizes only those graphs
@@ -160,6 +170,7 @@ def requantize_bundle(src: str | Path, quant: str, out: str | Path,
         raise HyflashError(f"bundle {src} is already {old.quantization.recipe}: requantize an "
                            "fp32 bundle")
     check_recipe(quant)  # before the slow part
+    check_source_blocks(quant, source_blocks)
     unknown = sorted(set(roles or ()) - set(old.models))
     if unknown:
         raise HyflashError(f"bundle {src} has no graph {', '.join(unknown)}: its roles are "
@@ -173,7 +184,8 @@ def requantize_bundle(src: str | Path, quant: str, out: str | Path,
         recipe = {}
         for role, model in old.models.items():  # the graphs come out with all their data
             recipe[role] = quantize(quant if role in chosen else "fp32",
-                                    bundle.folder / model.file, tmp / model.file)
+                                    bundle.folder / model.file, tmp / model.file,
+                                    source_blocks if role in chosen else "keep")
         graphs = {m.file for m in old.models.values()}
         stored = {w.file for w in old.shared_weights.values()}
         for name in old.files:

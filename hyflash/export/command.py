@@ -35,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "executorch takes fp32, 8da4w (int4 grouped "
                         "weights, int8 per-token activations); coreml takes fp16, int8 "
                         "(per channel), int4 (blocks of 32, iOS 18), weight-only")
+    p.add_argument("--source-blocks", choices=("keep", "requantize"), default=None,
+                   help="onnx int4 / 8da4w only: weights that already are 4-bit blocks of 32 "
+                        "(a GGUF's Q4_0 / Q4_1 layers; with 8da4w also a Q8_0 LM head at 8 "
+                        "bits) are kept exactly, so the bundle computes the GGUF's own model "
+                        "(default keep; calls ~5-20%% slower for the blocks' offsets), or "
+                        "requantize them onto the recipe's own grid like any weight (faster, "
+                        "~9%% off per layer: another model)")
     p.add_argument("--group-size", type=positive_int, default=None,
                    help="executorch 8da4w only: weights per int4 group (default 32); a "
                         "multiple of 32 (XNNPACK) that divides every layer's input size")
@@ -80,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
                            "onnx or executorch")
     if args.group_size is not None:
         raise HyflashError("--group-size applies to --backend executorch --quant 8da4w: drop it")
-    from hyflash.export.quantize import check_recipe
+    from hyflash.export.quantize import check_recipe, check_source_blocks
 
     check_recipe(args.quant)
+    check_source_blocks(args.quant, args.source_blocks or "keep")
     require_onnx_extra("ONNX export")
     check_pair(args.target, args.drafter, args.max_seq_len)
     import torch
@@ -94,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
     export_onnx_bundle(args.target, args.drafter, args.out, args.quant, args.max_seq_len,
                        progress=not args.no_progress, window_cache=args.window_cache,
-                       target_graph=args.target_graph)
+                       target_graph=args.target_graph,
+                       source_blocks=args.source_blocks or "keep")
     print(describe(read_bundle(args.out)))
     return 0
 
@@ -103,8 +112,10 @@ def run_executorch(args: argparse.Namespace) -> int:
     from hyflash.export.executorch import check_recipe
 
     check_recipe(args.quant, args.group_size)
-    if args.target_graph != "auto":
-        raise HyflashError("--target-graph applies to --backend onnx: drop it")
+    for flag, given in (("--target-graph", args.target_graph != "auto"),
+                        ("--source-blocks", args.source_blocks is not None)):
+        if given:
+            raise HyflashError(f"{flag} applies to --backend onnx: drop it")
     check_pair(args.target, args.drafter, args.max_seq_len)
     import torch
 
@@ -127,7 +138,8 @@ def run_coreml(args: argparse.Namespace) -> int:
     check_options(args.quant, args.coreml_kv or "state", args.coreml_target)
     for flag, value, applies in (("--group-size", args.group_size, "--backend executorch"),
                                  ("--target-graph", args.target_graph != "auto",
-                                  "--backend onnx")):
+                                  "--backend onnx"),
+                                 ("--source-blocks", args.source_blocks, "--backend onnx")):
         if value:
             raise HyflashError(f"{flag} applies to {applies}: drop it")
     require_coreml_extra("Core ML export")

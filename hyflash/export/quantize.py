@@ -45,8 +45,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hyflash.errors import HyflashError
+from hyflash.export.grid_blocks import keep_grid_blocks
 
 BLOCK = 32  # weights per quantization block (and per fp32 scale)
+SOURCE_GRIDS = {"int4": "a GGUF's Q4_0 / Q4_1: codes, a float32 scale and offset per block",
+                "int8": "a GGUF's Q8_0: codes and a float32 scale per block"}
 
 
 def fp32(src: Path, dst: Path) -> dict:
@@ -70,18 +73,24 @@ def fold_weight_transposes(src: Path):
     return ir.to_proto(model)
 
 
-def matmul_nbits(bits: int, accuracy_level: int = 0) -> Callable[[Path, Path], dict]:
+def matmul_nbits(bits: int, accuracy_level: int = 0,
+                 keep_source_grid: bool = True) -> Callable[[Path, Path], dict]:
     """An int{bits} recipe: MatMulNBits, symmetric blocks of BLOCK; activations fp32
-    (accuracy level 0) or quantized to int8 per block and row at run time (level 4)."""
+    (accuracy level 0) or quantized to int8 per block and row at run time (level 4).
+    4-bit weights that already are blocks of BLOCK (a GGUF's) are kept exactly
+    (``hyflash.export.grid_blocks``) unless ``keep_source_grid`` is off."""
     name = f"int{bits}" if accuracy_level == 0 else f"8da{bits}w"
 
     def recipe(src: Path, dst: Path) -> dict:
         with quiet_logger():  # importing the quantizer calls logging.basicConfig(INFO)
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        model = fold_weight_transposes(src)
+        kept, helpers = (keep_grid_blocks(model, accuracy_level)
+                         if bits == 4 and keep_source_grid else ({}, []))
         with quiet_logger():
             # MatMuls of two activations are left alone by the quantizer (no constant weight)
-            q = MatMulNBitsQuantizer(fold_weight_transposes(src), bits=bits, block_size=BLOCK,
-                                     is_symmetric=True, accuracy_level=accuracy_level,
+            q = MatMulNBitsQuantizer(model, bits=bits, block_size=BLOCK, is_symmetric=True,
+                                     accuracy_level=accuracy_level, nodes_to_exclude=helpers,
                                      op_types_to_quantize=("MatMul",))
             q.process()
         q.model.save_model_to_file(str(dst), use_external_data_format=False)
@@ -90,6 +99,13 @@ def matmul_nbits(bits: int, accuracy_level: int = 0) -> Callable[[Path, Path], d
                      "weights": f"int{bits} symmetric, blocks of {BLOCK} (MatMulNBits)",
                      "block_size": BLOCK, "op_types": ["MatMul"],
                      "quantized_nodes": sum(n.op_type == "MatMulNBits" for n in nodes)}
+        if not keep_source_grid:
+            described["source_blocks"] = "requantized"
+        if kept:  # weights that already were blocks of BLOCK on a 4- or 8-bit grid (a GGUF's)
+            described["source_grid"] = kept
+            described["weights"] += "; " + " and ".join(
+                f"{n} MatMuls on the source's {kind} grid ({SOURCE_GRIDS[kind]}) kept exactly"
+                for kind, n in kept.items()) + " (hyflash.export.grid_blocks)"
         if accuracy_level == 0:
             return {**described, "activations": "float32"}
         return {**described, "activations": f"int8 per block of {BLOCK} per row, at run time "
@@ -128,13 +144,32 @@ def lean_min_rows(graphs: dict[str, dict], kv_form: str) -> dict[str, dict]:
     return {**graphs, "target": {**target, "min_rows": 2}}
 
 
+SOURCE_BLOCKS = ("keep", "requantize")  # what the 4-bit recipes do with a GGUF's own blocks
+
+
 def check_recipe(recipe: str) -> None:
     if recipe not in RECIPES:
         raise HyflashError(f"unknown ONNX quantization recipe {recipe!r}: choose one of "
                            f"{', '.join(RECIPES)}")
 
 
-def quantize(recipe: str, src: Path, dst: Path) -> dict:
-    """Write src quantized with ``recipe`` to dst; return the manifest's description."""
+def check_source_blocks(recipe: str, source_blocks: str) -> None:
+    if source_blocks not in SOURCE_BLOCKS:
+        raise HyflashError(f"unknown source-blocks mode {source_blocks!r}: choose "
+                           f"{' or '.join(SOURCE_BLOCKS)}")
+    if source_blocks != "keep" and recipe not in ("int4", "8da4w"):
+        raise HyflashError(f"--source-blocks {source_blocks} applies to the 4-bit ONNX recipes "
+                           f"(int4, 8da4w), not {recipe}: drop it")
+
+
+def quantize(recipe: str, src: Path, dst: Path, source_blocks: str = "keep") -> dict:
+    """Write src quantized with ``recipe`` to dst; return the manifest's description.
+    ``source_blocks``: ``keep`` (weights already on a 4-bit block grid, a GGUF's, are
+    stored exactly: ``hyflash.export.grid_blocks``) or ``requantize`` (they are quantized
+    again like any weight: smaller and faster, another model)."""
     check_recipe(recipe)
+    check_source_blocks(recipe, source_blocks)
+    if source_blocks == "requantize":
+        return matmul_nbits(4, 0 if recipe == "int4" else 4, keep_source_grid=False)(
+            Path(src), Path(dst))
     return RECIPES[recipe](Path(src), Path(dst))

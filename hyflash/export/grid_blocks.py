@@ -1,0 +1,159 @@
+"""Keep weights that are already 4-bit blocks (a GGUF's Q4_0 / Q4_1 tensors) exactly.
+
+A target loaded from a GGUF (``--target FILE.gguf``) computes with the file's dequantized
+weights: for SmolLM2-135M-Instruct.Q4_1.gguf every linear layer is blocks of 32 along the
+input dimension, ``w = d * q + m`` with ``q`` in 0..15 and a float ``d`` and ``m`` per
+block. Quantizing those values a second time onto the int4 recipe's symmetric grid moves
+each layer's output by ~9% (``benchmarks/results/gguf_requant.md``): the int4 bundle is
+then another model than the fp32 one, and a drafter distilled from the fp32 target drafts
+worse for it. MatMulNBits can hold such a block only with a fractional zero point
+(``-m / d``), and its kernels then dequantize the whole matrix on every call (~25x an int4
+call, ``benchmarks/results/gguf_requant.md``); so a block is stored as its codes with the default zero point 8,
+``(q - 8) * d``, and the offset ``m + 8 d`` of every block is added back through the sums
+of the input over each block: ``x W = MatMulNBits(x) + (x P) E``, with ``P`` the [K, K/32]
+block indicator and ``E`` the [K/32, N] offsets. Both terms are float32 and exact; the
+second costs two small MatMuls and an Add per layer (the sums ``x P`` are shared by the
+layers that read the same input) and reads E, 1 bit per weight in float32: on SmolLM2 13 MB
+per call, 5-25% of a call (``benchmarks/results/verify_rows.md``). ``hyflash export
+--source-blocks requantize`` turns this off.
+
+With int8 activations (accuracy level 4) a weight on an 8-bit block grid (a GGUF's Q8_0,
+``w = d * q``, q in -127..127: SmolLM2's tied embedding and LM head) is kept too, as
+8-bit MatMulNBits codes ``q + 128`` with scale ``d``; without them ONNX Runtime has no fast
+8-bit kernel (a call ~20x an int4 one), so the recipe's quantizer takes it.
+
+``keep_grid_blocks`` finds such weights by their values alone (every block of 32 along K
+takes at most 16 values, evenly spaced), so it works whatever graph form or fusion the
+exporter produced, and rewrites their MatMul nodes; a weight with one block off the grid
+(trained float weights, a 5- or 6-bit tensor; K-quants are not tested) is left for the
+recipe's quantizer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK = 32
+LEVELS = 16  # 4-bit codes
+
+
+def grid_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """w [K, N] (a MatMul's B) -> (codes [N, K/32, 32] uint8, step [N, K/32], low [N, K/32])
+    with ``w = low + step * codes`` to float32 precision, or None when some block of 32
+    along K is not on an evenly spaced grid of at most 16 values."""
+    k, n = w.shape
+    if k % BLOCK or w.dtype != np.float32:
+        return None
+    blocks = np.ascontiguousarray(w.T).reshape(n, k // BLOCK, BLOCK)
+    low, high = blocks.min(-1), blocks.max(-1)
+    span = high - low
+    tol = 1e-5 * np.maximum(np.abs(blocks).max(-1), 1e-30)  # float32 noise of d * q + m
+    gaps = np.diff(np.sort(blocks, axis=-1), axis=-1)
+    gaps = np.where(gaps > tol[..., None], gaps, np.inf).min(-1)  # the grid's step
+    flat = ~np.isfinite(gaps)  # a block of one value
+    step = np.where(flat, 0.0, gaps).astype(np.float32)
+    if np.any(span > (LEVELS - 1) * step * (1 + 1e-4) + tol):
+        return None
+    codes = np.rint((blocks - low[..., None]) / np.where(flat, 1.0, step)[..., None])
+    codes = np.where(flat[..., None], 0.0, codes)
+    if codes.max() > LEVELS - 1:
+        return None
+    # the step refined by least squares over each block's codes (the smallest gap alone
+    # carries the rounding of two values)
+    dx = blocks - low[..., None]
+    qq = (codes * codes).sum(-1)
+    step = np.where(qq > 0, (codes * dx).sum(-1) / np.maximum(qq, 1), 0.0).astype(np.float32)
+    if np.any(np.abs(low[..., None] + step[..., None] * codes - blocks) > 4 * tol[..., None]):
+        return None
+    return codes.astype(np.uint8), step, low.astype(np.float32)
+
+
+def grid8_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """w [K, N] -> (codes [N, K/32, 32] uint8, scale [N, K/32]) with ``w = (codes - 128) *
+    scale`` to float32 precision (a GGUF's Q8_0: ``w = d * q``, q in -127..127, d = the
+    block's largest magnitude / 127), or None when some block is not such a grid."""
+    k, n = w.shape
+    if k % BLOCK or w.dtype != np.float32:
+        return None
+    blocks = np.ascontiguousarray(w.T).reshape(n, k // BLOCK, BLOCK)
+    amax = np.abs(blocks).max(-1)
+    scale = (amax / 127).astype(np.float32)
+    q = np.rint(blocks / np.where(scale == 0, 1.0, scale)[..., None])
+    tol = 1e-5 * np.maximum(amax, 1e-30)
+    if np.any(np.abs(q * scale[..., None] - blocks) > tol[..., None]):
+        return None
+    return (q + 128).astype(np.uint8), scale
+
+
+def keep_grid_blocks(model, accuracy_level: int) -> tuple[dict[str, int], list[str]]:
+    """Rewrite, in the ModelProto, every MatMul whose constant weight is on a 4-bit block
+    grid (``grid_codes``) into MatMulNBits + the offsets term, and with int8 activations
+    one on an 8-bit grid (``grid8_codes``) into an 8-bit MatMulNBits. Returns how many of
+    each (``{"int4": n, "int8": m}``, kinds with none left out) and the names of the float
+    MatMuls it added (the block sums and offsets: a quantizer run afterwards must leave them
+    alone)."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    nodes, kept, sums_of, indicators, added = [], {"int4": 0, "int8": 0}, {}, {}, []
+    for node in graph.node:
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 \
+            else None
+        w = numpy_helper.to_array(weight) if weight is not None else None
+        grid = grid_codes(w) if w is not None else None
+        grid8 = grid8_codes(w) if grid is None and w is not None and accuracy_level else None
+        if grid8 is not None:  # int8 weights are fast only with int8 activations
+            codes, scale = grid8
+            n, blocks, _ = codes.shape
+            base = f"{node.name or node.output[0]}_grid8"
+            graph.initializer.extend([numpy_helper.from_array(codes, f"{base}_codes"),
+                                      numpy_helper.from_array(scale.reshape(-1), f"{base}_scales")])
+            nodes.append(helper.make_node(
+                "MatMulNBits", [node.input[0], f"{base}_codes", f"{base}_scales"],
+                list(node.output), name=f"{base}_nbits", domain="com.microsoft",
+                K=blocks * BLOCK, N=n, bits=8, block_size=BLOCK, accuracy_level=accuracy_level))
+            kept["int8"] += 1
+            continue
+        if grid is None:
+            nodes.append(node)
+            continue
+        codes, step, low = grid
+        n, blocks, _ = codes.shape
+        k = blocks * BLOCK
+        base = f"{node.name or node.output[0]}_grid"
+        packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+        graph.initializer.extend([
+            numpy_helper.from_array(packed, f"{base}_codes"),
+            numpy_helper.from_array(step.reshape(-1), f"{base}_scales"),
+            numpy_helper.from_array(np.ascontiguousarray((low + 8 * step).T), f"{base}_offsets")])
+        if k not in indicators:
+            indicators[k] = f"grid_block_indicator_{k}"
+            eye = np.repeat(np.eye(blocks, dtype=np.float32), BLOCK, axis=0)  # [K, K/32]
+            graph.initializer.append(numpy_helper.from_array(eye, indicators[k]))
+        x = node.input[0]
+        if (x, k) not in sums_of:
+            sums_of[x, k] = f"{base}_block_sums"
+            nodes.append(helper.make_node("MatMul", [x, indicators[k]], [sums_of[x, k]],
+                                          name=f"{base}_sums"))
+            added.append(f"{base}_sums")
+        nodes += [
+            helper.make_node("MatMulNBits", [x, f"{base}_codes", f"{base}_scales"],
+                             [f"{base}_codes_out"], name=f"{base}_nbits", domain="com.microsoft",
+                             K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=accuracy_level),
+            helper.make_node("MatMul", [sums_of[x, k], f"{base}_offsets"], [f"{base}_offset_out"],
+                             name=f"{base}_offset"),
+            helper.make_node("Add", [f"{base}_codes_out", f"{base}_offset_out"], list(node.output),
+                             name=f"{base}_add")]
+        added.append(f"{base}_offset")
+        kept["int4"] += 1
+    if any(kept.values()):
+        del graph.node[:]
+        graph.node.extend(nodes)
+        used = {i for nd in graph.node for i in nd.input}
+        keep = [t for t in graph.initializer if t.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        if not any(o.domain == "com.microsoft" for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return {kind: n for kind, n in kept.items() if n}, added
