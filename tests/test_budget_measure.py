@@ -3,9 +3,11 @@ lands within 15% of its measured peak RSS, checkpoint by checkpoint, or the test
 which term is off."""
 
 import json
+from pathlib import Path
 
 import pytest
 
+import hyflash.budget
 from hyflash.cli import main
 
 TOLERANCE = 0.15
@@ -46,8 +48,17 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak_rss(measured):
 
 
 def test_every_checkpoint_is_within_15_percent(measured):
-    for c in measured["checkpoints"][:3]:
+    """The bundle's checkpoints, estimated on top of the measured process; the process
+    itself against data/runtime.json's recording by its anonymous memory (its file-backed
+    pages, the libraries' code, vary with the host's kernel: 126 vs 86 MiB seen)."""
+    first, *judged = measured["checkpoints"][:3]
+    assert not first["judged"] and all(c["judged"] for c in judged)
+    for c in judged:
         assert abs(c["error"]) <= TOLERANCE, c
+    recorded = json.loads((Path(hyflash.budget.__file__).parent / "data" / "runtime.json")
+                          .read_text())["readings"]["onnx-fp32"]["before"]["RssAnon"]
+    anon = measured["stages"]["imports"]["RssAnon"]
+    assert abs(anon / recorded - 1) <= TOLERANCE, (anon, recorded)
 
 
 def test_measure_needs_room_for_the_prompt(capsys, onnx_bundles):
