@@ -29,8 +29,9 @@ HERE = Path(__file__).resolve().parent
 DRAFTER_ROLES = ("drafter_commit", "drafter_step")
 
 
-def bundles(work: Path, drafter: str, quant: str) -> dict[str, Path]:
-    """name -> bundle folder: fp32 everywhere, quant on the drafter, on the target, on both."""
+def bundles(work: Path, drafter: str, quant: str, source_blocks: str = "keep") -> dict[str, Path]:
+    """name -> bundle folder: fp32 everywhere, quant on the drafter, on the target, on both
+    (``source_blocks``: what the 4-bit recipes do with the GGUF's own blocks)."""
     from smollm2_drafter import gguf  # benchmarks/ is on the path of a script run from it
 
     from hyflash.export.bundle import requantize_bundle
@@ -44,9 +45,9 @@ def bundles(work: Path, drafter: str, quant: str) -> dict[str, Path]:
             f"{quant} both": None}
     out = {"fp32 both": fp32}
     for name, roles in plan.items():
-        folder = work / name.replace(" ", "-")
+        folder = work / (name.replace(" ", "-") + ("" if source_blocks == "keep" else "-requant"))
         if not (folder / "manifest.json").exists():
-            requantize_bundle(fp32, quant, folder, roles)
+            requantize_bundle(fp32, quant, folder, roles, source_blocks)
         out[name] = folder
     return out
 
@@ -83,15 +84,18 @@ def table(results: dict[str, dict]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder for quant_roles.md/.json")
-    p.add_argument("--quant", default="int4", choices=("int8", "int4"))
+    p.add_argument("--quant", default="int4", choices=("int8", "int4", "8da4w", "8da8w"))
     p.add_argument("--drafter", default=str(HERE / "drafters" / "smollm2-hyflash"))
     p.add_argument("--work", type=Path, default=cache_root() / "work" / "quant-roles",
                    help="bundles and simulate reports (reused when present)")
     p.add_argument("--prompts", type=Path, help="prompts file for hyflash simulate (default: "
                    "the speed bench's four held-out code prompts)")
+    p.add_argument("--source-blocks", choices=("keep", "requantize"), default="keep",
+                   help="int4 / 8da4w: keep the GGUF's own 4-bit blocks (default) or quantize "
+                        "them again (hyflash export --source-blocks)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    made = bundles(args.work, args.drafter, args.quant)
+    made = bundles(args.work, args.drafter, args.quant, args.source_blocks)
     prompts = args.prompts or write_prompts(args.work)
     names = {"fp32 both": "fp32 / fp32", f"{args.quant} drafter": f"fp32 / {args.quant}",
              f"{args.quant} target": f"{args.quant} / fp32",

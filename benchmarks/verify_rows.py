@@ -84,6 +84,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("bundle", type=Path, help="an fp32 bundle with the lean target graph")
     p.add_argument("--trials", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every recipe this many times, interleaved; report the median "
+                        "round (this machine's timings vary from minute to minute)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
     bundle = read_bundle(args.bundle, verify_hashes=False)
@@ -93,19 +96,27 @@ def main() -> None:
     rows, ref = {}, None
     with tempfile.TemporaryDirectory() as tmp:
         src = bundle.path("target")
+        paths = {}
         for recipe in (*RECIPES, *REQUANTIZED):
-            path = src if recipe == "fp32" else Path(tmp) / f"{recipe}.onnx"
+            paths[recipe] = src if recipe == "fp32" else Path(tmp) / f"{recipe}.onnx"
             if recipe in REQUANTIZED:  # a GGUF's 4-bit blocks quantized again, not kept
-                matmul_nbits(4, REQUANTIZED[recipe], keep_source_grid=False)(src, path)
+                matmul_nbits(4, REQUANTIZED[recipe], keep_source_grid=False)(src, paths[recipe])
             elif recipe != "fp32":
-                quantize(recipe, src, path)
-            rows[recipe] = compare(path, m, args.trials)
-            got = rows[recipe].pop("verifies")
-            if recipe == "fp32":  # first: the reference of the others
-                ref = got
-            rows[recipe]["vs_fp32_max_abs_logit_diff"] = round(float((got - ref).abs().max()), 4)
-            rows[recipe]["vs_fp32_argmax_differs"] = int((got.argmax(-1) != ref.argmax(-1)).sum())
-            print(recipe, rows[recipe], flush=True)
+                quantize(recipe, src, paths[recipe])
+        timed = {recipe: [] for recipe in paths}
+        for _ in range(args.rounds):
+            for recipe, path in paths.items():
+                r = compare(path, m, args.trials)
+                got = r.pop("verifies")
+                if recipe == "fp32":  # first: the reference of the others
+                    ref = got
+                r["vs_fp32_max_abs_logit_diff"] = round(float((got - ref).abs().max()), 4)
+                r["vs_fp32_argmax_differs"] = int((got.argmax(-1) != ref.argmax(-1)).sum())
+                rows[recipe] = r  # greedy results are the same every round
+                timed[recipe].append({k: v for k, v in r.items() if k.endswith("_ms")})
+                print(recipe, r, flush=True)
+        for recipe, rounds in timed.items():
+            rows[recipe].update({k: statistics.median(t[k] for t in rounds) for k in rounds[0]})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "verify_rows.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = ["# Verify rows vs decodes of the same rows", "",

@@ -39,9 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="onnx int4 / 8da4w only: weights that already are 4-bit blocks of 32 "
                         "(a GGUF's Q4_0 / Q4_1 layers; with 8da4w also a Q8_0 LM head at 8 "
                         "bits) are kept exactly, so the bundle computes the GGUF's own model "
-                        "(default keep; calls ~5-20%% slower for the blocks' offsets), or "
-                        "requantize them onto the recipe's own grid like any weight (faster, "
-                        "~9%% off per layer: another model)")
+                        "(default keep; on SmolLM2 a call 3-31%% slower for the blocks' "
+                        "offsets), or requantize them onto the recipe's own grid like any "
+                        "weight (faster, ~9%% off per layer: another model)")
     p.add_argument("--group-size", type=positive_int, default=None,
                    help="executorch 8da4w only: weights per int4 group (default 32); a "
                         "multiple of 32 (XNNPACK) that divides every layer's input size")

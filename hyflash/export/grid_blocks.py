@@ -6,16 +6,17 @@ input dimension, ``w = d * q + m`` with ``q`` in 0..15 and a float ``d`` and ``m
 block. Quantizing those values a second time onto the int4 recipe's symmetric grid moves
 each layer's output by ~9% (``benchmarks/results/gguf_requant.md``): the int4 bundle is
 then another model than the fp32 one, and a drafter distilled from the fp32 target drafts
-worse for it. MatMulNBits can hold such a block only with a fractional zero point
-(``-m / d``), and its kernels then dequantize the whole matrix on every call (~25x an int4
-call, ``benchmarks/results/gguf_requant.md``); so a block is stored as its codes with the default zero point 8,
-``(q - 8) * d``, and the offset ``m + 8 d`` of every block is added back through the sums
-of the input over each block: ``x W = MatMulNBits(x) + (x P) E``, with ``P`` the [K, K/32]
-block indicator and ``E`` the [K/32, N] offsets. Both terms are float32 and exact; the
-second costs two small MatMuls and an Add per layer (the sums ``x P`` are shared by the
-layers that read the same input) and reads E, 1 bit per weight in float32: on SmolLM2 13 MB
-per call, 5-25% of a call (``benchmarks/results/verify_rows.md``). ``hyflash export
---source-blocks requantize`` turns this off.
+worse for it. MatMulNBits can hold such a block only with a fractional zero point (``-m /
+d``), and its kernels then dequantize the whole matrix on every call (~25x an int4 call,
+``benchmarks/results/gguf_requant.md``); so a block is stored as its codes with the
+default zero point 8, ``(q - 8) * d``, and the offset ``m + 8 d`` of every block is added
+back through the sums of the input over each block: ``x W = MatMulNBits(x) + (x P) E``,
+with ``P`` the [K, K/32] block indicator and ``E`` the [K/32, N] offsets. Both terms are
+float32 and exact; the second costs two small MatMuls and an Add per layer (the sums ``x
+P`` are shared by the layers that read the same input) and reads E, 1 bit per weight in
+float32: on SmolLM2 13 MB per call, 3-31% of a call
+(``benchmarks/results/verify_rows.md``). ``hyflash export --source-blocks requantize``
+turns this off.
 
 With int8 activations (accuracy level 4) a weight on an 8-bit block grid (a GGUF's Q8_0,
 ``w = d * q``, q in -127..127: SmolLM2's tied embedding and LM head) is kept too, as
