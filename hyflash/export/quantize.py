@@ -8,6 +8,11 @@ goes into the manifest, so a reader knows exactly which tool and settings made i
 - ``int8``, ``int4``: ``MatMulNBitsQuantizer``: MatMul weights int8 / int4 in blocks of
   32 along the input dimension, one fp32 scale per block (symmetric), run by the
   MatMulNBits contrib op; activations stay fp32. MatMul weights shrink ~3.6x / ~6x.
+- ``int4``, ``8da4w`` of a GGUF target: weights that already are 4-bit blocks of 32 (its
+  Q4_0 / Q4_1 layers) are kept exactly instead of quantized a second time, and with int8
+  activations a Q8_0 weight (its LM head) at 8 bits (``hyflash.export.grid_blocks``;
+  ``quantize(..., source_blocks="requantize")``, ``hyflash export --source-blocks``, turns
+  it off).
 - ``8da4w``, ``8da8w``: the int4 / int8 weights of ``int4`` / ``int8``, with MatMulNBits'
   ``accuracy_level`` 4: each call quantizes its activations to int8 at run time, one scale
   per block of 32 inputs of each row, and multiplies in integers (what onnxruntime-genai's
