@@ -38,14 +38,22 @@ BLOCK = 32
 LEVELS = 16  # 4-bit codes
 
 
-def grid_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """w [K, N] (a MatMul's B) -> (codes [N, K/32, 32] uint8, step [N, K/32], low [N, K/32])
-    with ``w = low + step * codes`` to float32 precision, or None when some block of 32
-    along K is not on an evenly spaced grid of at most 16 values."""
+def blocks_of(w: np.ndarray) -> np.ndarray | None:
+    """w [K, N] (a MatMul's B) as its blocks along K, [N, K/32, 32]; None if K is not whole
+    blocks or w is not float32."""
     k, n = w.shape
     if k % BLOCK or w.dtype != np.float32:
         return None
-    blocks = np.ascontiguousarray(w.T).reshape(n, k // BLOCK, BLOCK)
+    return np.ascontiguousarray(w.T).reshape(n, k // BLOCK, BLOCK)
+
+
+def grid_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """w [K, N] -> (codes [N, K/32, 32] uint8, step [N, K/32], low [N, K/32]) with ``w =
+    low + step * codes`` to float32 precision, or None when some block of 32 along K is not
+    on an evenly spaced grid of at most 16 values."""
+    blocks = blocks_of(w)
+    if blocks is None:
+        return None
     low, high = blocks.min(-1), blocks.max(-1)
     span = high - low
     tol = 1e-5 * np.maximum(np.abs(blocks).max(-1), 1e-30)  # float32 noise of d * q + m
@@ -73,10 +81,9 @@ def grid8_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """w [K, N] -> (codes [N, K/32, 32] uint8, scale [N, K/32]) with ``w = (codes - 128) *
     scale`` to float32 precision (a GGUF's Q8_0: ``w = d * q``, q in -127..127, d = the
     block's largest magnitude / 127), or None when some block is not such a grid."""
-    k, n = w.shape
-    if k % BLOCK or w.dtype != np.float32:
+    blocks = blocks_of(w)
+    if blocks is None:
         return None
-    blocks = np.ascontiguousarray(w.T).reshape(n, k // BLOCK, BLOCK)
     amax = np.abs(blocks).max(-1)
     scale = (amax / 127).astype(np.float32)
     q = np.rint(blocks / np.where(scale == 0, 1.0, scale)[..., None])
@@ -99,11 +106,13 @@ def keep_grid_blocks(model, accuracy_level: int) -> tuple[dict[str, int], list[s
     inits = {t.name: t for t in graph.initializer}
     nodes, kept, sums_of, indicators, added = [], {"int4": 0, "int8": 0}, {}, {}, []
     for node in graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 \
-            else None
-        w = numpy_helper.to_array(weight) if weight is not None else None
-        grid = grid_codes(w) if w is not None else None
-        grid8 = grid8_codes(w) if grid is None and w is not None and accuracy_level else None
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        if weight is None:  # not a MatMul, or one of two activations
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(weight)
+        grid = grid_codes(w)
+        grid8 = grid8_codes(w) if grid is None and accuracy_level else None
         if grid8 is not None:  # int8 weights are fast only with int8 activations
             codes, scale = grid8
             n, blocks, _ = codes.shape
