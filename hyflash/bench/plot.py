@@ -24,18 +24,26 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+COLORS = {"plain": "tab:gray", "speculative": "tab:orange",
+          "speculative+auto-rows": "tab:olive", "lookup": "tab:green",
+          "speculative+lookup": "tab:red", "adaptive": "tab:brown"}
+PEER = "tab:purple"
+
+
 def speed(ax, data: dict, dry: bool) -> None:
+    from matplotlib.patches import Patch
+
     rows = sorted(data["rows"], key=lambda r: r["tokens_per_s"])
-    colors = {"plain": "tab:gray", "speculative": "tab:orange",
-              "speculative+auto-rows": "tab:olive", "lookup": "tab:green",
-              "speculative+lookup": "tab:red", "adaptive": "tab:brown"}
+    color = [COLORS.get(r["mode"], "tab:blue") if r["group"] == "ours" else PEER for r in rows]
     ax.barh([f"{r['system']} / {r['mode']}" for r in rows], [r["tokens_per_s"] for r in rows],
-            color=[colors.get(r["mode"], "tab:blue") if r["group"] == "ours" else "tab:purple"
-                   for r in rows])
+            color=color)
     ax.set_xlabel("tokens / s (median)")
-    ax.set_title("speed (purple: peers; gray plain, orange speculative, olive speculative "
-                 "with auto rows, green lookup, red speculative+lookup, brown adaptive)",
-                 fontsize=9)
+    ax.set_title("speed")
+    shown = [m for m in COLORS if any(r["mode"] == m and r["group"] == "ours" for r in rows)]
+    handles = [Patch(color=COLORS[m], label=f"ours, {m}") for m in shown]
+    if any(r["group"] != "ours" for r in rows):
+        handles.append(Patch(color=PEER, label="peers (any mode)"))
+    ax.legend(handles=handles, loc="lower right", fontsize=7)  # the slowest rows are short
     ax.tick_params(axis="y", labelsize=7)
 
 
