@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     import onnx
     from gguf.quants import dequantize
 
-    from hyflash.export.quantize import matmul_nbits, quantize
+    from hyflash.export.quantize import quantize
     from hyflash.models.gguf import open_reader
 
     reader = open_reader(args.gguf)
@@ -130,9 +130,9 @@ def main(argv=None) -> int:
             for recipe in RECIPES:
                 built[recipe] = Path(tmp) / f"{recipe}.onnx"
                 quantize(recipe, src, built[recipe])
-            for recipe, level in (("int4", 0), ("8da4w", 4)):  # the grid left to the quantizer
+            for recipe in ("int4", "8da4w"):  # the grid left to the quantizer
                 built[f"{recipe} requantized"] = Path(tmp) / f"{recipe}-requantized.onnx"
-                matmul_nbits(4, level, keep_source_grid=False)(src, built[f"{recipe} requantized"])
+                quantize(recipe, src, built[f"{recipe} requantized"], source_blocks="requantize")
             built["q4_1 float zp"] = q4_1_float_zp_model(np.asarray(t.data), n, k)
 
             for name, model in built.items():

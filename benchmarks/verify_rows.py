@@ -74,12 +74,12 @@ def compare(path: Path, manifest, trials: int) -> dict:
             **{f"{k}_ms": round(1e3 * statistics.median(v), 1) for k, v in times.items()}}
 
 
-REQUANTIZED = {"int4 requantized": 0, "8da4w requantized": 4}  # -> accuracy level
+REQUANTIZED = {"int4 requantized": "int4", "8da4w requantized": "8da4w"}
 
 
 def main() -> None:
     from hyflash.bundle import read_bundle
-    from hyflash.export.quantize import RECIPES, matmul_nbits, quantize
+    from hyflash.export.quantize import RECIPES, quantize
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("bundle", type=Path, help="an fp32 bundle with the lean target graph")
@@ -100,7 +100,7 @@ def main() -> None:
         for recipe in (*RECIPES, *REQUANTIZED):
             paths[recipe] = src if recipe == "fp32" else Path(tmp) / f"{recipe}.onnx"
             if recipe in REQUANTIZED:  # a GGUF's 4-bit blocks quantized again, not kept
-                matmul_nbits(4, REQUANTIZED[recipe], keep_source_grid=False)(src, paths[recipe])
+                quantize(REQUANTIZED[recipe], src, paths[recipe], source_blocks="requantize")
             elif recipe != "fp32":
                 quantize(recipe, src, paths[recipe])
         timed = {recipe: [] for recipe in paths}

@@ -134,10 +134,9 @@ def quiet_logger(name: str | None = None):
         log.setLevel(level)
 
 
-RECIPES: dict[str, Callable[[Path, Path], dict]] = {"fp32": fp32, "int8": matmul_nbits(8),
-                                                     "int4": matmul_nbits(4),
-                                                     "8da4w": matmul_nbits(4, accuracy_level=4),
-                                                     "8da8w": matmul_nbits(8, accuracy_level=4)}
+NBITS = {"int8": (8, 0), "int4": (4, 0), "8da4w": (4, 4), "8da8w": (8, 4)}  # bits, level
+RECIPES: dict[str, Callable[[Path, Path], dict]] = {
+    "fp32": fp32, **{name: matmul_nbits(*bits_level) for name, bits_level in NBITS.items()}}
 
 
 def lean_min_rows(graphs: dict[str, dict], kv_form: str) -> dict[str, dict]:
@@ -175,6 +174,5 @@ def quantize(recipe: str, src: Path, dst: Path, source_blocks: str = "keep") -> 
     check_recipe(recipe)
     check_source_blocks(recipe, source_blocks)
     if source_blocks == "requantize":
-        return matmul_nbits(4, 0 if recipe == "int4" else 4, keep_source_grid=False)(
-            Path(src), Path(dst))
+        return matmul_nbits(*NBITS[recipe], keep_source_grid=False)(Path(src), Path(dst))
     return RECIPES[recipe](Path(src), Path(dst))
