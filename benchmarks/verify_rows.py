@@ -10,10 +10,13 @@ here from the bundle's fp32 lean graph, after a random prompt (50..250 tokens) i
 one verify of 8 random tokens, rolls back, decodes the same 8 one by one, once as one-row
 calls and once padded to two rows (what the backend does for the 8da recipes:
 ``hyflash.runtime.backends.pad_rows``), and reports the largest logit difference to the
-verify, how many argmaxes differ, and the median call times at 1 thread; and how far each
-recipe's verify rows are from the fp32 graph's. ``int4 requantized`` / ``8da4w
-requantized``: the 4-bit recipes with a GGUF's own 4-bit blocks quantized again instead of
-kept (``hyflash.export.grid_blocks``), to show what keeping them buys and costs.
+verify, how many argmaxes differ, and the median call times (1 thread unless
+``--threads``); and how far each recipe's verify rows are from the fp32 graph's.
+``int4 requantized`` / ``8da4w requantized``: the 4-bit recipes with a GGUF's own 4-bit
+blocks quantized again instead of kept (``hyflash.export.grid_blocks``), to show what
+keeping them buys and costs; ``8da4w float offsets``: 8da4w with the kept blocks' offsets
+as a float32 MatMul and Add per layer (what ``int4`` does) instead of folded into the
+MatMulNBits (what ``8da4w`` does).
 Writes ``verify_rows.md`` / ``.json`` under ``--out``.
 """
 
@@ -31,13 +34,13 @@ import numpy as np
 import torch
 
 
-def compare(path: Path, manifest, trials: int) -> dict:
+def compare(path: Path, manifest, trials: int, threads: int = 1) -> dict:
     import onnxruntime as ort
 
     from hyflash.runtime.onnx_lean import OnnxLeanTarget
 
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -75,11 +78,12 @@ def compare(path: Path, manifest, trials: int) -> dict:
 
 
 REQUANTIZED = {"int4 requantized": "int4", "8da4w requantized": "8da4w"}
+UNFOLDED = {"8da4w float offsets": "8da4w"}
 
 
 def main() -> None:
     from hyflash.bundle import read_bundle
-    from hyflash.export.quantize import RECIPES, quantize
+    from hyflash.export.quantize import NBITS, RECIPES, matmul_nbits, quantize
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("bundle", type=Path, help="an fp32 bundle with the lean target graph")
@@ -87,6 +91,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="time every recipe this many times, interleaved; report the median "
                         "round (this machine's timings vary from minute to minute)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per call")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
     bundle = read_bundle(args.bundle, verify_hashes=False)
@@ -97,16 +102,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = bundle.path("target")
         paths = {}
-        for recipe in (*RECIPES, *REQUANTIZED):
+        for recipe in (*RECIPES, *REQUANTIZED, *UNFOLDED):
             paths[recipe] = src if recipe == "fp32" else Path(tmp) / f"{recipe}.onnx"
             if recipe in REQUANTIZED:  # a GGUF's 4-bit blocks quantized again, not kept
                 quantize(REQUANTIZED[recipe], src, paths[recipe], source_blocks="requantize")
+            elif recipe in UNFOLDED:  # the kept blocks' offsets as a float32 MatMul + Add
+                matmul_nbits(*NBITS[UNFOLDED[recipe]], fold=False)(src, paths[recipe])
             elif recipe != "fp32":
                 quantize(recipe, src, paths[recipe])
         timed = {recipe: [] for recipe in paths}
         for _ in range(args.rounds):
             for recipe, path in paths.items():
-                r = compare(path, m, args.trials)
+                r = compare(path, m, args.trials, args.threads)
                 got = r.pop("verifies")
                 if recipe == "fp32":  # first: the reference of the others
                     ref = got
@@ -120,7 +127,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "verify_rows.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = ["# Verify rows vs decodes of the same rows", "",
-             f"`python {' '.join(sys.argv)}` (target: {m.target.source}, 1 thread)", "",
+             f"`python {' '.join(sys.argv)}` (target: {m.target.source}, {args.threads} "
+             f"thread{'s' if args.threads > 1 else ''})", "",
              "*vs fp32*: the verify rows against the fp32 graph's (how far the recipe moves the "
              "model); *requantized*: a GGUF's 4-bit blocks quantized again instead of kept "
              "(`hyflash.export.grid_blocks`).", "",

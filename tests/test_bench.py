@@ -72,6 +72,8 @@ def test_an_export_is_not_reused_once_its_inputs_or_files_change(demo_runs, work
         spec, drafter="pocket-full"))) == "its drafter files changed"
     assert exports.why_not_reusable(folder, exports.identity(replace(
         spec, max_seq_len=512))) == "its options changed"
+    assert exports.why_not_reusable(folder, {**want, "exporter_code": "0" * 64}) \
+        == "its exporter code changed"
     copy = tmp_path / spec.name
     shutil.copytree(folder, copy)
     shutil.copy(exports.stamp_path(folder), exports.stamp_path(copy))

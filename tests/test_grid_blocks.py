@@ -20,7 +20,13 @@ from test_onnx_lean import assert_decodes_losslessly
 
 from hyflash.bundle import read_bundle
 from hyflash.export.bundle import export_onnx_bundle, requantize_bundle
-from hyflash.export.grid_blocks import grid8_codes, grid_codes
+from hyflash.export.grid_blocks import (
+    FOLD_DIGITS,
+    grid8_codes,
+    grid_codes,
+    keep_grid_blocks,
+    offset_digits,
+)
 from hyflash.export.quantize import matmul_nbits
 from hyflash.models import pocket
 from hyflash.runtime.onnx_backend import load_onnx_pair
@@ -90,6 +96,46 @@ def test_the_4_bit_recipes_keep_grid_weights_and_requantizing_would_not(tmp_path
     assert errors[True] < (1e-6 if level == 0 else 0.02)  # exact; 8da: int8 activations only
 
 
+def test_offset_digits_add_up_to_the_offsets():
+    rng = np.random.default_rng(4)
+    offsets = (rng.standard_normal((18, 40)) * rng.uniform(0.01, 1, 40)).astype(np.float32)
+    codes, scales = offset_digits(offsets, 32)
+    assert codes.shape == (40, FOLD_DIGITS, 16) and scales.shape == (40, FOLD_DIGITS)
+    q = np.stack([codes & 15, codes >> 4], -1).reshape(40, FOLD_DIGITS, 32).astype(np.float32) - 8
+    rebuilt = (q * scales[..., None]).sum(1).T  # [32, N]: the digits over the same sums
+    assert np.all(rebuilt[18:] == 0)  # the padding rows stay zero
+    err = np.abs(rebuilt[:18] - offsets).max(0) / np.abs(offsets).max(0)
+    assert err.max() < 1e-3, err.max()
+    one = offset_digits(offsets, 32, digits=1)
+    q1 = np.stack([one[0] & 15, one[0] >> 4], -1).reshape(40, 32).astype(np.float32) - 8
+    assert (np.abs((q1 * one[1]).T[:18] - offsets).max(0) / np.abs(offsets).max(0)).max() > 0.01
+
+
+@pytest.mark.parametrize("k", [128, 1536])  # sums of 4 blocks / of 48, padded to 32 / 64
+def test_with_int8_activations_the_offsets_fold_into_one_matmul_nbits(tmp_path, k):
+    rng = np.random.default_rng(5)
+    w = on_grid(rng.standard_normal((64, k)) + 0.5)  # offsets far from 0: they matter
+    x = rng.standard_normal((2, 5, k)).astype(np.float32)
+    ref = x @ w.T
+    errors, ops = {}, {}
+    for fold in (True, False):
+        model = linear_model(w)
+        assert keep_grid_blocks(model, 4, fold=fold)[0] == {"int4": 1}
+        ops[fold] = sorted(n.op_type for n in model.graph.node)
+        y = ort.InferenceSession(model.SerializeToString(),
+                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        errors[fold] = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+    assert ops[True] == ["Concat", "MatMul", "MatMulNBits"]  # block sums, [x, s, s, s], one call
+    assert ops[False] == ["Add", "MatMul", "MatMul", "MatMulNBits"]
+    assert errors[True] < 0.01 and errors[True] < 1.5 * errors[False], errors
+    onnx.save_model(linear_model(w), str(tmp_path / "fp32.onnx"))  # quantized once more:
+    matmul_nbits(4, 4, keep_source_grid=False)(tmp_path / "fp32.onnx", tmp_path / "rq.onnx")
+    y = ort.InferenceSession(str(tmp_path / "rq.onnx"),
+                             providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    requantized = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+    assert requantized > 3 * errors[True], (requantized, errors)
+
+
 def test_with_int8_activations_a_q8_0_weight_is_kept_at_8_bits(tmp_path):
     rng = np.random.default_rng(3)
     w = on_grid(rng.standard_normal((64, 128)), GGMLQuantizationType.Q8_0)
@@ -129,6 +175,7 @@ def grid_bundles(tmp_path_factory):
     export_onnx_bundle(str(folder), "pocket", root / "fp32", "fp32", progress=False,
                        target_graph="lean")
     requantize_bundle(root / "fp32", "int4", root / "int4")
+    requantize_bundle(root / "fp32", "8da4w", root / "8da4w")
     return root
 
 
@@ -149,6 +196,25 @@ def test_an_int4_bundle_of_grid_weights_computes_what_its_fp32_bundle_does(grid_
     assert_decodes_losslessly(target, drafter)
 
 
+def test_an_8da4w_bundle_of_grid_weights_folds_the_offsets_and_decodes_losslessly(grid_bundles):
+    bundle = read_bundle(grid_bundles / "8da4w")
+    assert bundle.manifest.quantization.graphs["target"]["source_grid"] == {"int4": 30}
+    ops = [n.op_type for n in onnx.load(str(bundle.path("target")),
+                                        load_external_data=False).graph.node]
+    assert ops.count("MatMulNBits") == 30 + 1 and ops.count("Add") == 0  # + the LM head
+    pairs = {q: load_onnx_pair(grid_bundles / q, threads=1)[1:] for q in ("fp32", "8da4w")}
+    tokens = torch.tensor(np.random.default_rng(2).integers(3, 4000, 40))
+    logits = {}
+    for q, (target, _) in pairs.items():
+        target.rollback(0)
+        logits[q] = torch.cat([target.forward(tokens[:32], 0)[0],
+                               target.forward(tokens[32:], 32)[0]])
+    rel = float((logits["8da4w"] - logits["fp32"]).norm() / logits["fp32"].norm())
+    assert rel < 0.05, rel  # int8 activations; a second 4-bit quantization moves it more
+    target, drafter = pairs["8da4w"]
+    assert_decodes_losslessly(target, drafter)
+
+
 def test_source_blocks_requantize_gives_the_recipe_its_own_grid(grid_bundles, tmp_path):
     requantize_bundle(grid_bundles / "fp32", "8da4w", tmp_path / "r", source_blocks="requantize")
     graphs = read_bundle(tmp_path / "r").manifest.quantization.graphs["target"]
@@ -156,14 +222,17 @@ def test_source_blocks_requantize_gives_the_recipe_its_own_grid(grid_bundles, tm
     assert graphs["min_rows"] == 2
 
 
-def test_the_budget_sizes_what_the_kept_grid_stores(grid_bundles):
+@pytest.mark.parametrize("recipe", ["int4", "8da4w"])
+def test_the_budget_sizes_what_the_kept_grid_stores(grid_bundles, recipe):
     from test_budget_memory import initializer_bytes
 
     from hyflash.budget import memory
     from hyflash.budget.plan import for_bundle
+    from hyflash.budget.recipes import FOLD_DIGITS as BUDGETED_DIGITS
     from hyflash.budget.sources import resolve
 
-    src = resolve(str(grid_bundles / "int4"))
+    assert BUDGETED_DIGITS == FOLD_DIGITS
+    src = resolve(str(grid_bundles / recipe))
     assert src.facts["source_grid"] == {"int4": 30}
     real = initializer_bytes(src.bundle)
     estimate = memory.budget(for_bundle(src)).stored

@@ -5,7 +5,9 @@ A cached bundle is reused only if both hold:
 - its files are what its manifest says (``read_bundle`` with every sha256 checked), and
 - it was exported from the same inputs: a stamp beside the bundle (``NAME.inputs.json``,
   outside the bundle, which stays byte for byte what export wrote) records the sha256 of
-  the target's and the drafter's files, the export options and the hyflash version.
+  the target's and the drafter's files, the export options, the hyflash version and a
+  digest of the code that writes bundles (``EXPORTER_CODE``: a changed recipe or graph
+  exports again, where the version number alone would serve the old bundle).
 
 Anything else (no bundle, a corrupted file, new drafter weights, another context) exports
 again, and the caller is told why. Exports run as ``python -m hyflash export`` in a fresh
@@ -29,6 +31,8 @@ from hyflash.bundle import sha256
 from hyflash.errors import HyflashError
 
 STAMP_SUFFIX = ".inputs.json"
+PACKAGE = Path(__file__).resolve().parents[1]
+EXPORTER_CODE = ("export", "models", "bundle")  # the subpackages whose code a bundle holds
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,17 @@ def folder_digest(folder: Path, names: list[str]) -> dict[str, str]:
     return {n: sha256(folder / n) for n in sorted(names) if (folder / n).is_file()}
 
 
+def exporter_digest() -> str:
+    """sha256 over the sources of the subpackages that decide what a bundle holds."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for sub in EXPORTER_CODE:
+        for f in sorted((PACKAGE / sub).rglob("*.py")):
+            h.update(f.relative_to(PACKAGE).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def identity(spec: ExportSpec) -> dict:
     """What a bundle is made from: the content of the pair's files, the options, the
     exporter's version. Paths are not part of it: a moved model is the same model."""
@@ -83,7 +98,7 @@ def identity(spec: ExportSpec) -> dict:
     target = resolve_model_folder(spec.target)
     drafter = resolve_drafter_folder(spec.drafter)
     weights = [p.name for p in target.glob("*.safetensors*")]
-    return {"hyflash_version": __version__,
+    return {"hyflash_version": __version__, "exporter_code": exporter_digest(),
             "options": {k: v for k, v in asdict(spec).items() if k not in ("target", "drafter")},
             "target_files": folder_digest(target, ["config.json", "generation_config.json",
                                                    *TOKENIZER_FILES, *weights]),
@@ -104,7 +119,7 @@ def why_not_reusable(folder: Path, want: dict) -> str | None:
         have = json.loads(stamp_path(folder).read_text())
     except (OSError, ValueError):
         return "no record of its inputs"
-    for part in ("options", "target_files", "drafter_files", "hyflash_version"):
+    for part in ("options", "target_files", "drafter_files", "hyflash_version", "exporter_code"):
         if have.get(part) != want[part]:
             return f"its {part.replace('_', ' ')} changed"
     try:

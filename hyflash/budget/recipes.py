@@ -17,8 +17,9 @@ bundles in ``benchmarks/results/budget_measure.md``):
   serializes it; the embedding stays float32.
 - ONNX ``int4`` / ``8da4w`` of a target whose projections already are 4-bit blocks (a
   GGUF's Q4_0 / Q4_1, ``hyflash.export.grid_blocks``): those keep their codes with a
-  float32 scale and a float32 offset per block of 32; ``8da4w`` keeps a Q8_0 LM head as
-  8-bit blocks with a float32 scale (``source_grid``).
+  float32 scale and, at ``int4``, a float32 offset per block of 32; at ``8da4w`` the
+  offsets are 3 more 4-bit blocks per output row and 32 blocks of input (``offset_digits``);
+  ``8da4w`` keeps a Q8_0 LM head as 8-bit blocks with a float32 scale (``source_grid``).
 - ``fp16`` (and ``int8``/``int4``/``8da8w`` on ExecuTorch): no exporter writes
   them yet; sized as the nearest recipe would store them and marked ``offered=False``.
 
@@ -35,6 +36,7 @@ from hyflash.errors import HyflashError
 BACKENDS = ("onnx", "executorch")
 RECIPE_NAMES = ("fp32", "fp16", "int8", "int4", "8da4w", "8da8w")
 ONNX_BLOCK = 32  # hyflash.export.quantize.BLOCK
+FOLD_DIGITS = 3  # hyflash.export.grid_blocks.FOLD_DIGITS (the budget never imports the exporter)
 ET_GROUP = 32  # hyflash.export.executorch.DEFAULT_GROUP_SIZE
 PER_ROW = -1  # group size meaning one scale per output row
 
@@ -42,11 +44,15 @@ PER_ROW = -1  # group size meaning one scale per output row
 @dataclass(frozen=True)
 class WeightFormat:
     """bits per weight, and a scale of scale_bytes per group of ``group`` weights along
-    the input dimension (0: no scales; PER_ROW: one per output row)."""
+    the input dimension (0: no scales; PER_ROW: one per output row); ``offset_digits``: per
+    output row that many more blocks of ``bits``-bit codes with their scales over the
+    input's group sums, padded to whole groups (a GGUF's block offsets folded into an
+    8da4w MatMulNBits, ``hyflash.export.grid_blocks``)."""
 
     bits: int
     group: int = 0
     scale_bytes: int = 0
+    offset_digits: int = 0
 
     def bytes(self, rows: int, cols: int, count: int = 1) -> int:
         if self.group == 0:
@@ -54,6 +60,8 @@ class WeightFormat:
         if self.group == PER_ROW:
             return count * rows * (cols * self.bits // 8 + self.scale_bytes)
         blocks = math.ceil(cols / self.group)  # the input is padded to whole groups
+        if self.offset_digits:  # the group sums, padded to whole groups, once per digit
+            blocks += self.offset_digits * math.ceil(blocks / self.group)
         return count * rows * blocks * (self.group * self.bits // 8 + self.scale_bytes)
 
     def describe(self) -> str:
@@ -64,7 +72,8 @@ class WeightFormat:
 
     @classmethod
     def from_dict(cls, d: dict) -> WeightFormat:
-        return cls(int(d["bits"]), int(d.get("group", 0)), int(d.get("scale_bytes", 0)))
+        return cls(int(d["bits"]), int(d.get("group", 0)), int(d.get("scale_bytes", 0)),
+                   int(d.get("offset_digits", 0)))
 
 
 F32, F16 = WeightFormat(32), WeightFormat(16)
@@ -141,12 +150,16 @@ def source_grid(r: Recipe, grid: dict | None) -> Recipe:
     give them): projections with a scale and an offset per block, an 8-bit LM head."""
     if not grid or r.backend != "onnx" or r.name not in ("int4", "8da4w"):
         return r
-    linear = WeightFormat(4, ONNX_BLOCK, 8) if grid.get("int4") else r.linear
-    head = onnx_nbits(8) if grid.get("int8") and r.name == "8da4w" else r.lm_head
+    folded = r.name == "8da4w"  # the offsets as 4-bit digits in the same MatMulNBits
+    linear = (WeightFormat(4, ONNX_BLOCK, 4, FOLD_DIGITS) if folded
+              else WeightFormat(4, ONNX_BLOCK, 8)) if grid.get("int4") else r.linear
+    head = onnx_nbits(8) if grid.get("int8") and folded else r.lm_head
     if (linear, head) == (r.linear, r.lm_head):
         return r
-    kept = " and ".join(x for x, on in (("projections' Q4 blocks (+ a float32 offset per "
-                                         "block)", linear != r.linear),
+    offsets = f"{FOLD_DIGITS} 4-bit digits of the offsets" if folded else "a float32 offset " \
+                                                                        "per block"
+    kept = " and ".join(x for x, on in ((f"projections' Q4 blocks (+ {offsets})",
+                                         linear != r.linear),
                                         ("LM head's Q8_0 blocks", head != r.lm_head)) if on)
     return replace(r, linear=linear, lm_head=head, about=f"{r.about}; the source's {kept} "
                                                           "kept exactly")

@@ -38,10 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source-blocks", choices=("keep", "requantize"), default=None,
                    help="onnx int4 / 8da4w only: weights that already are 4-bit blocks of 32 "
                         "(a GGUF's Q4_0 / Q4_1 layers; with 8da4w also a Q8_0 LM head at 8 "
-                        "bits) are kept exactly, so the bundle computes the GGUF's own model "
-                        "(default keep; on SmolLM2 a call 3-31%% slower for the blocks' "
-                        "offsets), or requantize them onto the recipe's own grid like any "
-                        "weight (faster, ~9%% off per layer: another model)")
+                        "bits) are kept, so the bundle computes the GGUF's own model "
+                        "(default keep: exactly at int4; at 8da4w the blocks' offsets are "
+                        "folded into the same kernel to ~1e-4; on SmolLM2 a call 12-44%% "
+                        "slower at 2 threads), or requantize them onto the recipe's own grid "
+                        "like any weight (faster, ~9%% off per layer: another model)")
     p.add_argument("--group-size", type=positive_int, default=None,
                    help="executorch 8da4w only: weights per int4 group (default 32); a "
                         "multiple of 32 (XNNPACK) that divides every layer's input size")

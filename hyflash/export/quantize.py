@@ -9,8 +9,9 @@ goes into the manifest, so a reader knows exactly which tool and settings made i
   32 along the input dimension, one fp32 scale per block (symmetric), run by the
   MatMulNBits contrib op; activations stay fp32. MatMul weights shrink ~3.6x / ~6x.
 - ``int4``, ``8da4w`` of a GGUF target: weights that already are 4-bit blocks of 32 (its
-  Q4_0 / Q4_1 layers) are kept exactly instead of quantized a second time, and with int8
-  activations a Q8_0 weight (its LM head) at 8 bits (``hyflash.export.grid_blocks``;
+  Q4_0 / Q4_1 layers) are kept (exactly at ``int4``; at ``8da4w`` with the blocks' offsets
+  to ~1e-4, folded into the same MatMulNBits) instead of quantized a second time, and with
+  int8 activations a Q8_0 weight (its LM head) at 8 bits (``hyflash.export.grid_blocks``;
   ``quantize(..., source_blocks="requantize")``, ``hyflash export --source-blocks``, turns
   it off).
 - ``8da4w``, ``8da8w``: the int4 / int8 weights of ``int4`` / ``int8``, with MatMulNBits'
@@ -50,11 +51,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hyflash.errors import HyflashError
-from hyflash.export.grid_blocks import keep_grid_blocks
+from hyflash.export.grid_blocks import FOLD_DIGITS, keep_grid_blocks
 
 BLOCK = 32  # weights per quantization block (and per fp32 scale)
 SOURCE_GRIDS = {"int4": "a GGUF's Q4_0 / Q4_1: codes, a float32 scale and offset per block",
                 "int8": "a GGUF's Q8_0: codes and a float32 scale per block"}
+FOLDED = ("a GGUF's Q4_0 / Q4_1: codes and a float32 scale per block; the offsets in "
+          f"{FOLD_DIGITS} 4-bit digits on the input's block sums, in the same MatMulNBits")
 
 
 def fp32(src: Path, dst: Path) -> dict:
@@ -78,19 +81,20 @@ def fold_weight_transposes(src: Path):
     return ir.to_proto(model)
 
 
-def matmul_nbits(bits: int, accuracy_level: int = 0,
-                 keep_source_grid: bool = True) -> Callable[[Path, Path], dict]:
+def matmul_nbits(bits: int, accuracy_level: int = 0, keep_source_grid: bool = True,
+                 fold: bool | None = None) -> Callable[[Path, Path], dict]:
     """An int{bits} recipe: MatMulNBits, symmetric blocks of BLOCK; activations fp32
     (accuracy level 0) or quantized to int8 per block and row at run time (level 4).
-    4-bit weights that already are blocks of BLOCK (a GGUF's) are kept exactly
-    (``hyflash.export.grid_blocks``) unless ``keep_source_grid`` is off."""
+    4-bit weights that already are blocks of BLOCK (a GGUF's) are kept
+    (``hyflash.export.grid_blocks``; ``fold``: their offsets inside the MatMulNBits, by
+    default with int8 activations) unless ``keep_source_grid`` is off."""
     name = f"int{bits}" if accuracy_level == 0 else f"8da{bits}w"
 
     def recipe(src: Path, dst: Path) -> dict:
         with quiet_logger():  # importing the quantizer calls logging.basicConfig(INFO)
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
         model = fold_weight_transposes(src)
-        kept, helpers = (keep_grid_blocks(model, accuracy_level)
+        kept, helpers = (keep_grid_blocks(model, accuracy_level, fold)
                          if bits == 4 and keep_source_grid else ({}, []))
         with quiet_logger():
             # MatMuls of two activations are left alone by the quantizer (no constant weight)
@@ -108,8 +112,10 @@ def matmul_nbits(bits: int, accuracy_level: int = 0,
             described["source_blocks"] = "requantized"
         if kept:  # weights that already were blocks of BLOCK on a 4- or 8-bit grid (a GGUF's)
             described["source_grid"] = kept
+            folded = bool(accuracy_level) if fold is None else fold
+            grids = {**SOURCE_GRIDS, **({"int4": FOLDED} if folded else {})}
             described["weights"] += "; " + " and ".join(
-                f"{n} MatMuls on the source's {kind} grid ({SOURCE_GRIDS[kind]}) kept exactly"
+                f"{n} MatMuls on the source's {kind} grid ({grids[kind]}) kept"
                 for kind, n in kept.items()) + " (hyflash.export.grid_blocks)"
         if accuracy_level == 0:
             return {**described, "activations": "float32"}
