@@ -22,6 +22,10 @@ continuations (``command.grown_from``).
     python benchmarks/smollm2_drafter.py              # restore tokens, generate/train, resume
     python benchmarks/smollm2_drafter.py --sequences 1024 --steps 1000   # a smaller run
     python benchmarks/smollm2_drafter.py --data-only  # stop after the data
+    python benchmarks/smollm2_drafter.py --nproc 2 --sequences 32768 --decode-only
+                                 # decode the shards no committed folder holds, tokens
+                                 # only (no features: ~1/6 of a shard's time, no disk);
+                                 # stop it any time, it resumes at the shard it was on
     python benchmarks/smollm2_drafter.py --sequences 8192 --save-tokens  # the tokens and
                                  # labels of finished shards no committed folder holds ->
                                  # benchmarks/distill/ (then commit)
@@ -108,23 +112,34 @@ def folders(target: Path, work: Path, sequences: int,
     return cached, tokens, ([own] if own.is_dir() else []) + others
 
 
-def save_tokens(cached: Path, dest: Path, committed: list[Path], arithmetic: str) -> None:
+def save_tokens(cached: Path, dest: Path, committed: list[Path], arithmetic: str,
+                tokens: Path | None = None) -> None:
     """Every finished shard of the cached data -> a tokens-only shard with the target's
     greedy labels (computed by the cached run's ``arithmetic`` pass, so that a features
     pass at that precision on a fresh disk skips the LM head) in ``dest`` (a folder of
     TOKENS), unless a committed folder holds it already with those labels: a larger run
     commits only the shards beyond the smaller runs' ones, and a committed shard of tokens
-    alone gains its labels in place (its tokens checked equal)."""
+    alone gains its labels in place (its tokens checked equal). ``tokens``: the run's
+    tokens-only folder (``--decode-only``), whose finished shards no committed folder
+    holds are committed too, without labels (a features pass computes them)."""
     import numpy as np
 
     from hyflash.errors import HyflashError
     from hyflash.train.shards import Shard, shard_files, shard_path, write_shard
 
     folders = [dest, *(c for c in committed if c != dest)]
+    source = cached if (cached / "spec.json").exists() else tokens
+    if source is None or not (source / "spec.json").exists():
+        raise HyflashError(f"no data in {cached}" + (f" or {tokens}" if tokens else "") +
+                           ": nothing to save (run without --save-tokens first)")
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy(cached / "spec.json", dest / "spec.json")
+    shutil.copy(source / "spec.json", dest / "spec.json")
     added = labelled = 0
-    for s, path in shard_files(cached).items():
+    found = shard_files(cached) if cached.is_dir() else {}
+    if tokens is not None and tokens.is_dir():
+        found = {**{s: f for s, f in shard_files(tokens).items()
+                    if not any(shard_path(c, s).exists() for c in folders)}, **found}
+    for s, path in sorted(found.items()):
         held = next((f for c in folders if (f := shard_path(c, s)).exists()), None)
         if held is not None and Shard(held).greedy_precision == arithmetic:
             continue
@@ -138,7 +153,7 @@ def save_tokens(cached: Path, dest: Path, committed: list[Path], arithmetic: str
                     greedy=greedy, greedy_precision=arithmetic if greedy else None)
         added, labelled = added + (held is None), labelled + (held is not None)
     have = set().union(*(shard_files(c) for c in folders))
-    spec = json.loads((cached / "spec.json").read_text())
+    spec = json.loads((source / "spec.json").read_text())
     total = -(-spec["sequences"] // spec["shard"])
     print(f"{added} shard(s) added to {dest}, {labelled} committed shard(s) given their "
           f"greedy labels; the committed tokens hold {len([s for s in have if s < total])}"
@@ -209,7 +224,12 @@ def main() -> None:
     root = cache_root()
     ap.add_argument("--out", type=Path, default=root / "runs" / "smollm2-hyflash")
     ap.add_argument("--work", type=Path, default=root / "work" / "smollm2-hyflash")
-    ap.add_argument("--data-only", action="store_true")
+    ap.add_argument("--data-only", action="store_true",
+                    help="stop once the data (tokens and cached features) is ready")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only decode the continuations of the shards no committed folder "
+                         "holds, tokens only (no features pass, no labels); resumable, "
+                         "then --save-tokens commits the finished shards")
     ap.add_argument("--save-tokens", action="store_true",
                     help="copy the tokens and greedy labels of the finished shards that no "
                          "committed folder holds into benchmarks/distill/, and add the labels "
@@ -257,7 +277,7 @@ def main() -> None:
     arithmetic = precision()
     cached, tokens, committed = folders(target, args.work, args.sequences, arithmetic)
     if args.save_tokens:
-        save_tokens(cached, TOKENS / tokens.name, committed, arithmetic)
+        save_tokens(cached, TOKENS / tokens.name, committed, arithmetic, tokens)
         return
     restore_tokens(args.work, tokens.name, committed, args.sequences)
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
@@ -265,8 +285,13 @@ def main() -> None:
            *recipe(args.sequences, args.steps, arithmetic, args.eval_every),
            "--layers", str(args.layers), "--heads", str(args.heads), "--init", args.init,
            "--lr", str(args.lr), "--kl", str(args.kl)]
-    if args.data_only:
+    if args.data_only or args.decode_only:
         cmd.append("--data-only")
+    if args.decode_only:  # into the tokens-only folder restore_tokens filled
+        i = cmd.index("--features")
+        cmd[i + 1] = "recompute"
+        i = cmd.index("--feature-precision")
+        del cmd[i:i + 2]
     if args.nproc > 1:
         run = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.nproc}", *cmd]

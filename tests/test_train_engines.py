@@ -327,3 +327,32 @@ def test_bf16_features_with_recomputed_features_is_one_line(model_folder, tmp_pa
     err = capsys.readouterr().err
     assert "--feature-precision bfloat16 applies to cached features" in err
     assert err.count("\n") == 1
+
+
+def test_decoded_tokens_only_shards_are_committed_without_labels(tmp_path, target, stream):
+    """``smollm2_drafter.py --decode-only`` leaves tokens-only shards (no features, no
+    labels); ``--save-tokens`` then commits those no committed folder holds, tokens as
+    decoded, and a later features pass labels them itself."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "smollm2_drafter.py"
+    spec = importlib.util.spec_from_file_location("smollm2_drafter", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tokens = generate_dataset(target, stream, SPEC, tmp_path / "tokens", progress=False,
+                              features=False)
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    (committed / "shard0000.safetensors").write_bytes(
+        (tokens / "shard0000.safetensors").read_bytes())
+    dest = tmp_path / "dest"
+    module.save_tokens(tmp_path / "no-cache", dest, [committed], "float32", tokens)
+    assert sorted(shard_files(dest)) == [1]  # shard 0 is committed already
+    a, b = Shard(tokens / "shard0001.safetensors"), Shard(dest / "shard0001.safetensors")
+    assert not b.has_greedy and len(b) == SPEC.shard
+    for i in range(SPEC.shard):
+        assert torch.equal(a.tokens(i), b.tokens(i))
+    with pytest.raises(HyflashError, match="nothing to save"):
+        module.save_tokens(tmp_path / "no-cache", tmp_path / "d2", [committed], "float32",
+                           tmp_path / "no-tokens")
