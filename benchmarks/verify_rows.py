@@ -16,7 +16,11 @@ verify, how many argmaxes differ, and the median call times (1 thread unless
 blocks quantized again instead of kept (``hyflash.export.grid_blocks``), to show what
 keeping them buys and costs; ``8da4w float offsets``: 8da4w with the kept blocks' offsets
 as a float32 MatMul and Add per layer (what ``int4`` does) instead of folded into the
-MatMulNBits (what ``8da4w`` does).
+MatMulNBits (what ``8da4w`` does); ``w8a8 per-token``: not a recipe of ours, every
+MatMul as MatMulIntegerToFloat over int8 weights (one scale per column) and activations
+quantized per row at run time (``per_token_int8``: the u8 x s8 GEMM ONNX Runtime runs
+on AMX where the CPU has it, unlike MatMulNBits), to show what that kernel would buy.
+The prefill column times one call over ``PREFILL`` random tokens.
 Writes ``verify_rows.md`` / ``.json`` under ``--out``.
 """
 
@@ -47,7 +51,11 @@ def compare(path: Path, manifest, trials: int, threads: int = 1) -> dict:
     target = OnnxLeanTarget(session, manifest.target.config, manifest.kv_names())
     rng = np.random.default_rng(0)
     worst, flips, rows, verifies = {1: 0.0, 2: 0.0}, {1: 0, 2: 0}, 0, []
-    times = {"verify": [], "decode": [], "padded_decode": []}
+    times = {"verify": [], "decode": [], "padded_decode": [], "prefill": []}
+    target.rollback(0)
+    t0 = time.perf_counter()
+    target.forward(torch.tensor(rng.integers(100, 20000, PREFILL)), 0)
+    times["prefill"].append(time.perf_counter() - t0)
     for trial in range(trials):
         prompt = torch.tensor(rng.integers(100, 20000, 50 + 40 * trial))
         target.rollback(0)
@@ -79,6 +87,72 @@ def compare(path: Path, manifest, trials: int, threads: int = 1) -> dict:
 
 REQUANTIZED = {"int4 requantized": "int4", "8da4w requantized": "8da4w"}
 UNFOLDED = {"8da4w float offsets": "8da4w"}
+PER_TOKEN = "w8a8 per-token"
+PREFILL = 1018  # tokens: the longest speed prompt of the SmolLM2 bench
+
+
+def per_token_int8(src: Path, dst: Path) -> None:
+    """Every MatMul with a constant weight (the LM head's through its Transpose too) ->
+    MatMulIntegerToFloat(x_q, W_q, row scale, column scales, 128): W_q int8 with one scale
+    per column, x_q = round(x / s) + 128 as uint8 with s = max|x| / 127 per row (one chain
+    of 8 ops per distinct input, shared by the MatMuls that read it)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    transposed = {n.output[0]: n.input[0] for n in graph.node
+                  if n.op_type == "Transpose" and n.input[0] in inits}
+    consts = {"q_axes": np.array([-1], np.int64), "q_inv127": np.array(1 / 127, np.float32),
+              "q_eps": np.array(1e-30, np.float32), "q_128": np.array(128, np.float32),
+              "q_zp": np.array(128, np.uint8)}
+    nodes, quantized = [], {}
+
+    def quant(x: str) -> tuple[str, str]:
+        if x not in quantized:
+            b = x.replace("/", "_")
+            steps = [("Abs", [x], "abs", {}),
+                     ("ReduceMax", ["abs", "q_axes"], "max", {"keepdims": 1}),
+                     ("Max", ["max", "q_eps"], "max2", {}),
+                     ("Mul", ["max2", "q_inv127"], "scale", {}),
+                     ("Div", [x, "scale"], "div", {}), ("Round", ["div"], "round", {}),
+                     ("Add", ["round", "q_128"], "shift", {}),
+                     ("Cast", ["shift"], "q", {"to": TensorProto.UINT8})]
+            local = {"abs", "max", "max2", "scale", "div", "round", "shift", "q"}
+            for op, ins, out, attrs in steps:
+                nodes.append(helper.make_node(op, [f"{b}_{i}" if i in local else i for i in ins],
+                                              [f"{b}_{out}"], **attrs))
+            quantized[x] = (f"{b}_q", f"{b}_scale")
+        return quantized[x]
+
+    for node in graph.node:
+        if node.op_type == "Transpose" and node.output[0] in transposed:
+            continue
+        w = node.input[1] if node.op_type == "MatMul" else None
+        if w is None or (w not in inits and w not in transposed):
+            nodes.append(node)
+            continue
+        weight = inits[w] if w in inits else inits[transposed[w]].T
+        scale = np.abs(weight).max(0) / 127
+        scale[scale == 0] = 1
+        base = node.name.replace("/", "_")
+        consts[f"{base}_wq"] = np.clip(np.round(weight / scale), -127, 127).astype(np.int8)
+        consts[f"{base}_cs"] = scale.astype(np.float32)
+        q, s = quant(node.input[0])
+        nodes.append(helper.make_node("MatMulIntegerToFloat",
+                                      [q, f"{base}_wq", s, f"{base}_cs", "q_zp"],
+                                      list(node.output), domain="com.microsoft"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    used = {i for n in graph.node for i in n.input}
+    keep = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
 
 
 def main() -> None:
@@ -102,12 +176,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = bundle.path("target")
         paths = {}
-        for recipe in (*RECIPES, *REQUANTIZED, *UNFOLDED):
+        for recipe in (*RECIPES, *REQUANTIZED, *UNFOLDED, PER_TOKEN):
             paths[recipe] = src if recipe == "fp32" else Path(tmp) / f"{recipe}.onnx"
             if recipe in REQUANTIZED:  # a GGUF's 4-bit blocks quantized again, not kept
                 quantize(REQUANTIZED[recipe], src, paths[recipe], source_blocks="requantize")
             elif recipe in UNFOLDED:  # the kept blocks' offsets as a float32 MatMul + Add
                 matmul_nbits(*NBITS[UNFOLDED[recipe]], fold=False)(src, paths[recipe])
+            elif recipe == PER_TOKEN:
+                per_token_int8(src, paths[recipe])
             elif recipe != "fp32":
                 quantize(recipe, src, paths[recipe])
         timed = {recipe: [] for recipe in paths}
@@ -134,15 +210,16 @@ def main() -> None:
              "(`hyflash.export.grid_blocks`).", "",
              "| recipe | one-row decodes: max abs logit diff | argmax differs | padded to two "
              "rows: max abs logit diff | argmax differs | vs fp32: max abs logit diff | argmax "
-             "differs | verify ms (T=8) | decode ms | padded decode ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"differs | verify ms (T=8) | decode ms | padded decode ms | prefill ms "
+             f"({PREFILL} tokens) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         lines.append(f"| {name} | {r['max_abs_logit_diff']:.2g} | {r['argmax_differs']} of "
                      f"{r['rows']} | {r['padded_max_abs_logit_diff']:.2g} | "
                      f"{r['padded_argmax_differs']} of {r['rows']} | "
                      f"{r['vs_fp32_max_abs_logit_diff']:.2g} | {r['vs_fp32_argmax_differs']} of "
                      f"{r['rows']} | {r['verify_ms']} | "
-                     f"{r['decode_ms']} | {r['padded_decode_ms']} |")
+                     f"{r['decode_ms']} | {r['padded_decode_ms']} | {r['prefill_ms']:.0f} |")
     (args.out / "verify_rows.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
