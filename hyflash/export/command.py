@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(a GGUF's Q4_0 / Q4_1 layers; with 8da4w also a Q8_0 LM head at 8 "
                         "bits) are kept, so the bundle computes the GGUF's own model "
                         "(default keep: exactly at int4; at 8da4w the blocks' offsets are "
-                        "folded into the same kernel to ~1e-4; on SmolLM2 a call 12-44%% "
+                        "folded into the same kernel to ~1e-4; on SmolLM2 a call 18-28%% "
                         "slower at 2 threads), or requantize them onto the recipe's own grid "
                         "like any weight (faster, ~9%% off per layer: another model)")
     p.add_argument("--group-size", type=positive_int, default=None,

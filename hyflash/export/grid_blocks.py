@@ -22,8 +22,8 @@ with ``P`` the [K, K/32] block indicator and ``E`` the [K/32, N] offsets.
   and E is written as three 4-bit digits, each block of 32 offsets with its own scale and
   the next digit coding what the previous left (``FOLD_DIGITS``; a block's offsets to ~1e-4
   of its largest). One Concat per input replaces a MatMul and an Add per layer: on
-  SmolLM2-135M at 2 threads a padded decode 9.3 -> 8.0 ms, a verify of 8 15.6 -> 14.5, and
-  the verify's argmax leaves the fp32 graph's in 5 of 48 random-token rows against 3
+  SmolLM2-135M at 2 threads a padded decode 10.2 -> 8.2 ms, a verify of 8 16.5 -> 15.4,
+  and the verify's argmax leaves the fp32 graph's in 4 of 48 random-token rows against 7
   (``benchmarks/results/verify_rows_2threads``). With float32 activations the exact form
   stays: there the longer K costs more than the nodes it saves.
 
