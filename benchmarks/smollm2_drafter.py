@@ -218,7 +218,24 @@ def restore_tokens(work: Path, tokens_name: str, committed: list[Path],
           f"into {dest}")
 
 
-def main() -> None:
+def train_command(args: argparse.Namespace, target: Path, arithmetic: str) -> list[str]:
+    """The ``hyflash train`` arguments of a run of the recipe (``-m hyflash train ...``)."""
+    cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
+           "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
+           *recipe(args.sequences, args.steps, arithmetic, args.eval_every),
+           "--layers", str(args.layers), "--heads", str(args.heads), "--init", args.init,
+           "--lr", str(args.lr), "--kl", str(args.kl)]
+    if args.data_only or args.decode_only:
+        cmd.append("--data-only")
+    if args.decode_only:  # into the tokens-only folder restore_tokens filled
+        i = cmd.index("--features")
+        cmd[i + 1] = "recompute"
+        i = cmd.index("--feature-precision")
+        del cmd[i:i + 2]
+    return cmd
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     root = cache_root()
@@ -266,6 +283,11 @@ def main() -> None:
     ap.add_argument("--kl", type=float, default=0.0, metavar="W",
                     help="weight of the KL term to the target's distribution (hyflash train "
                          "--kl; default 0, cross-entropy only)")
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     if args.sequences % SHARD or args.sequences <= 0:
         ap.error(f"--sequences must be a positive multiple of {SHARD}, not {args.sequences}")
@@ -280,18 +302,7 @@ def main() -> None:
         save_tokens(cached, TOKENS / tokens.name, committed, arithmetic, tokens)
         return
     restore_tokens(args.work, tokens.name, committed, args.sequences)
-    cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
-           "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
-           *recipe(args.sequences, args.steps, arithmetic, args.eval_every),
-           "--layers", str(args.layers), "--heads", str(args.heads), "--init", args.init,
-           "--lr", str(args.lr), "--kl", str(args.kl)]
-    if args.data_only or args.decode_only:
-        cmd.append("--data-only")
-    if args.decode_only:  # into the tokens-only folder restore_tokens filled
-        i = cmd.index("--features")
-        cmd[i + 1] = "recompute"
-        i = cmd.index("--feature-precision")
-        del cmd[i:i + 2]
+    cmd = train_command(args, target, arithmetic)
     if args.nproc > 1:
         run = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.nproc}", *cmd]

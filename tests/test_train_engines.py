@@ -3,6 +3,8 @@ vLLM needs a CUDA GPU), transformers' generate, and hyflash's own target write t
 continuations; an engine that stops early, a missing vLLM and vLLM under torchrun are
 one line."""
 
+import argparse
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -329,17 +331,41 @@ def test_bf16_features_with_recomputed_features_is_one_line(model_folder, tmp_pa
     assert err.count("\n") == 1
 
 
-def test_decoded_tokens_only_shards_are_committed_without_labels(tmp_path, target, stream):
-    """``smollm2_drafter.py --decode-only`` leaves tokens-only shards (no features, no
-    labels); ``--save-tokens`` then commits those no committed folder holds, tokens as
-    decoded, and a later features pass labels them itself."""
+def smollm2_drafter():
+    """benchmarks/smollm2_drafter.py as a module (tests do not import benchmarks/)."""
     import importlib.util
-    from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "smollm2_drafter.py"
     spec = importlib.util.spec_from_file_location("smollm2_drafter", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flags, features, precision", [
+    ([], "cache", "bfloat16"), (["--data-only"], "cache", "bfloat16"),
+    (["--decode-only"], "recompute", "float32")])
+def test_the_smollm2_script_runs_hyflash_train_in_the_data_mode_asked(flags, features,
+                                                                       precision):
+    """The script's runs are valid ``hyflash train`` commands: --decode-only stops after the
+    data and writes tokens only (features recomputed, so no bf16 features pass), the
+    others cache bf16 features; only the two data modes stop after the data."""
+    module = smollm2_drafter()
+    args = module.parser().parse_args(["--sequences", "256", *flags])
+    cmd = module.train_command(args, Path("model.gguf"), "bfloat16")
+    assert cmd[:3] == ["-m", "hyflash", "train"]
+    p = argparse.ArgumentParser()
+    command.add_arguments(p)
+    parsed = p.parse_args(cmd[3:])
+    assert (parsed.features, parsed.feature_precision) == (features, precision)
+    assert parsed.data_only == bool(flags) and parsed.sequences == 256
+
+
+def test_decoded_tokens_only_shards_are_committed_without_labels(tmp_path, target, stream):
+    """``smollm2_drafter.py --decode-only`` leaves tokens-only shards (no features, no
+    labels); ``--save-tokens`` then commits those no committed folder holds, tokens as
+    decoded, and a later features pass labels them itself."""
+    module = smollm2_drafter()
     tokens = generate_dataset(target, stream, SPEC, tmp_path / "tokens", progress=False,
                               features=False)
     committed = tmp_path / "committed"
