@@ -99,6 +99,8 @@ def per_token_int8(src: Path, dst: Path) -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from hyflash.export.grid_blocks import replace_nodes
+
     model = onnx.load(str(src))
     graph = model.graph
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -143,15 +145,8 @@ def per_token_int8(src: Path, dst: Path) -> None:
         nodes.append(helper.make_node("MatMulIntegerToFloat",
                                       [q, f"{base}_wq", s, f"{base}_cs", "q_zp"],
                                       list(node.output), domain="com.microsoft"))
-    del graph.node[:]
-    graph.node.extend(nodes)
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
-    used = {i for n in graph.node for i in n.input}
-    keep = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    replace_nodes(model, nodes)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
 
 

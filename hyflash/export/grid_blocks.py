@@ -224,12 +224,21 @@ def keep_grid_blocks(model, accuracy_level: int, fold: bool | None = None
         added.append(f"{base}_offset")
         kept["int4"] += 1
     if any(kept.values()):
-        del graph.node[:]
-        graph.node.extend(nodes)
-        used = {i for nd in graph.node for i in nd.input}
-        keep = [t for t in graph.initializer if t.name in used]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
-        if not any(o.domain == "com.microsoft" for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        replace_nodes(model, nodes)
     return {kind: n for kind, n in kept.items() if n}, added
+
+
+def replace_nodes(model, nodes) -> None:
+    """The graph's nodes -> ``nodes`` (contrib ops among them): initializers no node reads
+    any more are dropped, and the com.microsoft opset is imported."""
+    from onnx import helper
+
+    graph = model.graph
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {i for nd in graph.node for i in nd.input}
+    keep = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
