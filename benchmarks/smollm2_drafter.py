@@ -24,8 +24,9 @@ continuations (``command.grown_from``).
     python benchmarks/smollm2_drafter.py --data-only  # stop after the data
     python benchmarks/smollm2_drafter.py --nproc 2 --sequences 32768 --decode-only
                                  # decode the shards no committed folder holds, tokens
-                                 # only (no features: ~1/6 of a shard's time, no disk);
-                                 # stop it any time, it resumes at the shard it was on
+                                 # only (no bf16 features pass, no features on disk; 1.7
+                                 # min a shard with --nproc 2); stop it any time, it
+                                 # resumes at the shard it was on
     python benchmarks/smollm2_drafter.py --sequences 8192 --save-tokens  # the tokens and
                                  # labels of finished shards no committed folder holds ->
                                  # benchmarks/distill/ (then commit)
