@@ -60,10 +60,7 @@ HERE = Path(__file__).resolve().parent
 TOKENS = HERE / "distill" / "smollm2-hyflash"
 SHIPPED = HERE / "drafters" / "smollm2-hyflash"  # the drafter in the repository (fp16)
 SEQUENCES, SHARD = 16384, 128  # the default run: all 128 committed shards of 128 continuations
-# features cached (memory-mapped from disk) past hyflash's 16 GiB default too: recomputing
-# them would rerun the target in every step (16384 continuations: 20.5 GiB of bf16 features)
-DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32",
-        "--features", "cache"]
+DATA = ["--data", "stdlib", "--gen-len", "128", "--max-seq-len", "640", "--data-batch", "32"]
 TRAIN = ["--draft-vocab", "8192", "--anchors", "32", "--prompt-anchors", "0.5",
          "--keep", "best"]  # val.jsonl (every --eval-every steps): does the full data overfit?
 
@@ -76,8 +73,16 @@ def precision() -> str:
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
 
 
-def recipe(sequences: int, steps: int, arithmetic: str, eval_every: int = 100) -> list[str]:
-    return [*DATA, "--feature-precision", arithmetic, "--sequences", str(sequences), *TRAIN,
+def recipe(sequences: int, steps: int, arithmetic: str, eval_every: int = 100,
+           tokens_only: bool = False) -> list[str]:
+    """The hyflash-train arguments of the recipe. tokens_only: the data without features
+    (``--features recompute``: the float32 greedy continuations, in the tokens-only folder
+    ``restore_tokens`` fills), as ``--decode-only`` writes it."""
+    # features cached (memory-mapped from disk) past hyflash's 16 GiB default too: recomputing
+    # them would rerun the target in every step (16384 continuations: 20.5 GiB of bf16)
+    features = ["--features", "recompute"] if tokens_only else \
+        ["--features", "cache", "--feature-precision", arithmetic]
+    return [*DATA, *features, "--sequences", str(sequences), *TRAIN,
             "--eval-every", str(eval_every), "--precision", arithmetic, "--steps", str(steps)]
 
 
@@ -223,16 +228,12 @@ def train_command(args: argparse.Namespace, target: Path, arithmetic: str) -> li
     """The ``hyflash train`` arguments of a run of the recipe (``-m hyflash train ...``)."""
     cmd = ["-m", "hyflash", "train", "--target", str(target), "--out", str(args.out),
            "--work", str(args.work), "--keep-work", "--threads", str(args.threads),
-           *recipe(args.sequences, args.steps, arithmetic, args.eval_every),
+           *recipe(args.sequences, args.steps, arithmetic, args.eval_every,
+                   tokens_only=args.decode_only),
            "--layers", str(args.layers), "--heads", str(args.heads), "--init", args.init,
            "--lr", str(args.lr), "--kl", str(args.kl)]
     if args.data_only or args.decode_only:
         cmd.append("--data-only")
-    if args.decode_only:  # into the tokens-only folder restore_tokens filled
-        i = cmd.index("--features")
-        cmd[i + 1] = "recompute"
-        i = cmd.index("--feature-precision")
-        del cmd[i:i + 2]
     return cmd
 
 
