@@ -12,7 +12,6 @@ the manifest's symbolic name.
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
 from collections import Counter
@@ -47,9 +46,6 @@ class PackageIO:
 
     def contract(self, role: str, file: str, rows: int | None) -> ModelContract:
         return ModelContract(role, file, self.inputs, self.outputs, rows)
-
-    def meta_json(self, key: str):
-        return json.loads(self.metadata[key])
 
 
 def load_spec(path: Path):
