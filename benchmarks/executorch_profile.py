@@ -35,10 +35,6 @@ from hyflash.export.bundle import load_pair
 from hyflash.export.executorch_modules import ATTENTION_FORMS, ProgramTarget
 from hyflash.models.target import Target
 
-NOT_OPS = {"OPERATOR_CALL", "DELEGATE_CALL", "Method::execute", "Method::init",
-           "Program::load_method"}
-
-
 # ------------------------------------------- ExecuTorch's custom-op attention (measured only)
 
 class SdpaKVCache(nn.Module):

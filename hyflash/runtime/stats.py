@@ -11,8 +11,6 @@ import resource
 import sys
 from dataclasses import dataclass, field
 
-STOP_REASONS = ("eos", "max_new_tokens", "context_full")
-
 
 @dataclass
 class GenerationStats:
@@ -59,7 +57,7 @@ class GenerationStats:
     verify_s: float = 0.0
     total_s: float = 0.0
     peak_rss_mib: float = 0.0
-    stop_reason: str = ""
+    stop_reason: str = ""  # "eos", "max_new_tokens" or "context_full" (engine.py)
 
     @property
     def tau(self) -> float:

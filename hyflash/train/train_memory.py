@@ -30,7 +30,6 @@ from hyflash.budget.shapes import DrafterShape, TargetShape
 from hyflash.errors import HyflashError
 
 F32 = 4
-ADAMW = 2 * F32  # two moments per parameter
 
 
 @dataclass(frozen=True)
