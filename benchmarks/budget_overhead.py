@@ -129,8 +129,8 @@ def child(kind: str, arg: str, work: Path) -> dict:
 
     from hyflash.budget.measure import import_runtime
     from hyflash.bundle import read_bundle
-    from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.engine import SpeculativeEngine
+    from hyflash.runtime.open_bundle import open_bundle
 
     import_runtime(read_bundle(arg, verify_hashes=False).manifest.backend)
     before = status()

@@ -1,7 +1,7 @@
 """Where self-distillation data generation spends its time, on a SmolLM2-135M-shaped target
 (or, with ``--shape pocket``, the pocket model's shape).
 
-`hyflash train` spends most of its wall time in `hyflash.train.data.continue_batch`: the
+`hyflash train` spends most of its wall time in `hyflash.train.generation.continue_batch`: the
 target prefills a batch of prompts, then decodes `gen_len` tokens, keeping the features
 of every position. This script times that on a randomly initialised target of
 SmolLM2-135M's shape (llama, 30 layers, hidden 576, 9/3 heads, vocabulary 49152, tied
@@ -9,11 +9,11 @@ embeddings; fp32; random weights cost the same as trained ones) and splits each 
 into setup (KV cache allocation), prefill, decode steps, feature copies / sampling (the
 rest of `continue_batch`) and the shard write.
 
-With ``--before REV`` it also runs `continue_batch` of ``hyflash/train/data.py`` as of
-git revision REV on the same target (same process, runs interleaved, so both see the same
-machine load), and reports tokens/s before and after. It ends with a projection of the
-wall time for a training budget (default: 4096 continuations of 128 tokens with
-`hyflash train`'s default prompt mix).
+With ``--before REV`` it also runs `continue_batch` as of git revision REV (from
+``hyflash/train/generation.py``, or ``data.py`` where it lived before) on the same target
+(same process, runs interleaved, so both see the same machine load), and reports tokens/s
+before and after. It ends with a projection of the wall time for a training budget
+(default: 4096 continuations of 128 tokens with `hyflash train`'s default prompt mix).
 
     python benchmarks/data_gen_speed.py --threads 1 --before 18422bc
 Writes benchmarks/results/data_gen_speed.md and the raw rows to data_gen_speed.json
@@ -38,7 +38,8 @@ import torch
 from hyflash.models import pocket
 from hyflash.models.folders import read_hf_config
 from hyflash.models.target import Target, TargetConfig
-from hyflash.train import data as data_now
+from hyflash.train import generation
+from hyflash.train.shards import write_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "data_gen_speed.md"
@@ -49,6 +50,14 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
 POCKET = TargetConfig.from_hf(read_hf_config(pocket.path())).to_dict()  # the shipped model's
 SHAPES = {"smollm2": SMOLLM2_135M, "pocket": POCKET}
 TITLES = {"smollm2": "SmolLM2-135M shape", "pocket": "pocket model shape"}
+
+
+def generation_path(rev: str) -> str:
+    """Where continue_batch is at a revision: generation.py, or data.py before it moved."""
+    path = "hyflash/train/generation.py"
+    found = subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=ROOT,
+                           capture_output=True).returncode == 0
+    return path if found else "hyflash/train/data.py"
 
 
 def module_at(rev: str, path: str, name: str) -> types.ModuleType:
@@ -92,7 +101,7 @@ def one_batch(impl, target: Target, n: int, length: int, gen_len: int, seed: int
     fts = [feats[i].to(torch.float16).numpy() for i in range(n)]
     t1 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
-        data_now.write_shard(Path(d), 0, toks, fts, [{"prompt_len": length}] * n)
+        write_shard(Path(d), 0, toks, fts, [{"prompt_len": length}] * n)
     t2 = time.perf_counter()
     return {"batch": t1 - t0, "write": t2 - t1, "total": t2 - t0}
 
@@ -171,7 +180,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", action="append", default=None, metavar="BATCHxPROMPT",
                    help=f"batch x prompt length (repeatable; default {' '.join(DEFAULT_CONFIGS)})")
     p.add_argument("--before", metavar="REV", default=None,
-                   help="also time continue_batch of hyflash/train/data.py at this revision")
+                   help="also time continue_batch as of this revision")
     p.add_argument("--before-config", action="append", default=None, metavar="BATCHxPROMPT",
                    help="configs to run the old code on (default: all; its KV cache spans "
                         "the whole 4096-token context, 46 MB per row)")
@@ -182,6 +191,13 @@ def main(argv=None) -> int:
                    help="re-render the report from a previous run's .json (no measuring)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
+    if not args.from_json:
+        lengths = [length for n, length in parse_configs(args.config or DEFAULT_CONFIGS)
+                   if n == args.project_batch]
+        if len(set(lengths)) < 2:
+            p.error(f"the projection fits decode time against prompt length at batch "
+                    f"--project-batch {args.project_batch}: give --config at that batch for "
+                    f"two prompt lengths or more (measured at it: {sorted(set(lengths))})")
 
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
@@ -214,9 +230,9 @@ def measure_all(args) -> dict[tuple[int, int, str], dict]:
     target = Target(TargetConfig(**SHAPES[args.shape])).eval()
     configs = parse_configs(args.config or DEFAULT_CONFIGS)
     before_cfgs = parse_configs(args.before_config or []) or configs
-    impls = {"after": data_now}
+    impls = {"after": generation}
     if args.before:
-        impls["before"] = module_at(args.before, "hyflash/train/data.py", "data_before")
+        impls["before"] = module_at(args.before, generation_path(args.before), "data_before")
     rows: dict[tuple[int, int, str], dict] = {}
     for n, length in configs:
         runs: dict[str, list[dict]] = {k: [] for k in impls}

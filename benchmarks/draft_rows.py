@@ -55,9 +55,9 @@ def measure(folder: Path, names: list[str], runs: int, n_threads: int, new: int)
     import torch
 
     from hyflash.models.tokenizer import load_tokenizer
-    from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.draft_rows import parse_policy
     from hyflash.runtime.engine import SpeculativeEngine
+    from hyflash.runtime.open_bundle import open_bundle
 
     torch.set_num_threads(n_threads)
     _, target, drafter = open_bundle(folder, threads=n_threads)

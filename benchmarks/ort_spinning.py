@@ -6,7 +6,7 @@ interleaving two graphs costs anyway (each evicts the other's weights from the c
 
 For each bundle (``pocket``: the pocket pair, exported once into the hyflash cache), the
 target and drafter are opened twice in this process: once as the product opens them
-(``session.intra_op.allow_spinning`` = "0", ``hyflash.runtime.onnx_backend.make_session``)
+(``session.intra_op.allow_spinning`` = "0", ``hyflash.runtime.onnx_session.make_session``)
 and once with ONNX Runtime's default, spinning on (the same ``make_session``, its
 ``InferenceSession`` patched for the duration to set "1"; the product keeps one setting).
 Each setting then measures, through the runtime backends:
@@ -81,7 +81,7 @@ def open_pair(bundle: Path, n_threads: int, setting: str):
         got = s.get_session_options().get_session_config_entry(SPIN_KEY)
         if got != SETTINGS[setting]:  # "off" is the product's own setting: it came back
             raise SystemExit(f"spinning {setting}: a session has {SPIN_KEY} = {got}, not "
-                             f"{SETTINGS[setting]} (hyflash.runtime.onnx_backend.make_session)")
+                             f"{SETTINGS[setting]} (hyflash.runtime.onnx_session.make_session)")
     return pair
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import WORDS, save_tiny_llama
 
-import hyflash.train.data as data_mod
+import hyflash.train.generation as generation
 import hyflash.train.loop as loop
 from hyflash.cli import main
 from hyflash.errors import HyflashError
@@ -61,9 +61,9 @@ def test_continue_batch_matches_a_plain_decode_with_the_whole_cache(model_folder
     float16 features in place) writes what the straightforward loop writes."""
     target = Target.from_pretrained(model_folder)
     prompts = torch.randint(2, 48, (3, 20), generator=torch.Generator().manual_seed(2))
-    monkeypatch.setattr(data_mod, "PREFILL_SCORES_BYTES", scores_bytes)
-    tokens, feats, greedy = data_mod.continue_batch(target, prompts, 9, False, 1.0,
-                                                   torch.Generator())
+    monkeypatch.setattr(generation, "PREFILL_SCORES_BYTES", scores_bytes)
+    tokens, feats, greedy = generation.continue_batch(target, prompts, 9, False, 1.0,
+                                                     torch.Generator())
     assert target.cache_len == 28 and feats.dtype == torch.float16
     target.setup_cache(3)  # the whole context, as generation did before
     with torch.inference_mode():

@@ -16,7 +16,8 @@ from hyflash.cli import main
 from hyflash.errors import HyflashError
 from hyflash.models.target import Target
 from hyflash.train import command, distributed, engines, features
-from hyflash.train.data import DataSpec, continue_batch, generate_dataset
+from hyflash.train.data import DataSpec, generate_dataset
+from hyflash.train.generation import continue_batch
 from hyflash.train.shards import DistillSet, Shard, shard_files, write_shard
 
 torch.set_num_threads(1)

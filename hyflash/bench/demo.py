@@ -114,8 +114,8 @@ def simulate(folder: Path, prompts: list[str], args, stream: bool) -> dict:
     from hyflash.budget.phone import projection
     from hyflash.budget.tau import record
     from hyflash.models.tokenizer import load_tokenizer
-    from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.engine import SpeculativeEngine
+    from hyflash.runtime.open_bundle import open_bundle
     from hyflash.runtime.simulate_report import Report
 
     torch.set_num_threads(args.threads)

@@ -41,11 +41,11 @@ def mode_result(gens: list[dict]) -> dict:
 def run_ours(req: dict) -> dict:
     import torch
 
-    from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.draft_rows import ExpectedRate
     from hyflash.runtime.engine import SpeculativeEngine
     from hyflash.runtime.gate import RateGate
     from hyflash.runtime.lookup import ContextLookup
+    from hyflash.runtime.open_bundle import open_bundle
 
     torch.set_num_threads(req["threads"])
     _, target, drafter = open_bundle(req["folder"], threads=req["threads"])

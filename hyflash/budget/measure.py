@@ -2,7 +2,7 @@
 
 The bundle runs in a child process (``python -m hyflash.budget.measure``) so that nothing
 the parent loaded counts: it imports the runtime, opens the bundle with its backend
-(``hyflash.runtime.backends.open_bundle``), prefills a prompt and decodes speculatively,
+(``hyflash.runtime.open_bundle``), prefills a prompt and decodes speculatively,
 and reports its resident set after each stage and its peak (Linux ``/proc/self/status``
 VmRSS / VmHWM, as ``hyflash.runtime.stats.peak_rss_mib`` reads it). The parent compares
 those stages with the estimate's terms (``measure_report``).
@@ -61,8 +61,8 @@ def child(bundle: str, prompt_tokens: int, new_tokens: int, threads: int) -> Non
     import numpy as np
     import torch
 
-    from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.engine import SpeculativeEngine
+    from hyflash.runtime.open_bundle import open_bundle
 
     torch.set_num_threads(threads)
 

@@ -88,7 +88,7 @@ def open_engine(args: argparse.Namespace):
     check_modes(args)
     torch.set_num_threads(args.threads)  # the engine's own tensor work, in both modes
     if args.bundle:
-        from hyflash.runtime.backends import open_bundle
+        from hyflash.runtime.open_bundle import open_bundle
 
         bundle, target, drafter = open_bundle(args.bundle, threads=args.threads)
         eos = set(target.eos_token_ids)

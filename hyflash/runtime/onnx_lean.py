@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from hyflash.runtime.backends import check_span, min_rows, pad_rows, rolled_back
+from hyflash.runtime.onnx_session import make_session
 
 REUSE_ROWS = 16  # output buffers are kept for calls of up to this many tokens
 
@@ -111,8 +112,6 @@ class OnnxLeanTarget:
 
 def open_lean_target(bundle, threads: int = 0) -> OnnxLeanTarget:
     """The target of a bundle whose KV cache form is ``in_place``."""
-    from hyflash.runtime.onnx_backend import make_session
-
     m = bundle.manifest
     return OnnxLeanTarget(make_session(bundle, "target", threads), m.target.config,
                           m.kv_names(), min_rows(m))

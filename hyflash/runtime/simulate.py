@@ -131,11 +131,11 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from hyflash.models.tokenizer import load_tokenizer
-    from hyflash.runtime.backends import open_bundle
     from hyflash.runtime.draft_rows import parse_policy
     from hyflash.runtime.engine import SpeculativeEngine
     from hyflash.runtime.gate import RateGate
     from hyflash.runtime.lookup import ContextLookup
+    from hyflash.runtime.open_bundle import open_bundle
     from hyflash.runtime.simulate_report import Report
 
     check_args(args)

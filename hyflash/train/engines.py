@@ -8,7 +8,7 @@ and the run caches features, ``data.generate_dataset`` computes both afterwards 
 causal pass of hyflash's target per batch. ``features=False`` tells an engine the run
 does not cache them (it then need not compute them).
 
-- ``hyflash`` (default): hyflash's own ``Target`` (``data.continue_batch``): chunked
+- ``hyflash`` (default): hyflash's own ``Target`` (``generation.continue_batch``): chunked
   prefill, a KV cache sized to the batch, features for free; measured fast on CPU
   (benchmarks/results/data_gen_speed.md).
 - ``transformers``: ``AutoModelForCausalLM.generate`` on the same model folder.
@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from hyflash.errors import HyflashError
+from hyflash.train.generation import continue_batch
 
 ENGINES = ("hyflash", "transformers", "vllm")
 
@@ -55,8 +56,6 @@ class HyflashEngine:
         self.target = target
 
     def continue_batch(self, prompts, gen_len, sample, temperature, gen, features=True):
-        from hyflash.train.data import continue_batch
-
         prompts = prompts.to(self.target.embed_tokens.weight.device)
         return continue_batch(self.target, prompts, gen_len, sample, temperature, gen,
                               features)
