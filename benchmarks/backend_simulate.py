@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from hyflash.runtime.simulate import DEFAULT_PROMPTS
+from hyflash.simulate.command import DEFAULT_PROMPTS
 from hyflash.train.corpus import split_files
 
 LONG_SOURCES = ("reprlib.py", "wsgiref/headers.py", "idlelib/searchengine.py",

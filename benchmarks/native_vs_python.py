@@ -133,7 +133,7 @@ def write(results: list[dict], args, out: Path) -> None:
 
 
 def main() -> None:
-    from hyflash.runtime.simulate import DEFAULT_PROMPTS
+    from hyflash.simulate.command import DEFAULT_PROMPTS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bundle", type=Path, action="append",

@@ -22,7 +22,7 @@ from pathlib import Path
 from hyflash.bundle import read_bundle
 from hyflash.cli import main as hyflash
 from hyflash.export.bundle import export_onnx_bundle, requantize_bundle
-from hyflash.runtime.simulate import DEFAULT_PROMPTS
+from hyflash.simulate.command import DEFAULT_PROMPTS
 
 LONG_SOURCES = ("textwrap.py", "shlex.py", "fnmatch.py")
 

@@ -215,7 +215,7 @@ def spinning_split(on: list[dict], off: list[dict]) -> dict[str, float]:
 def simulate_speedups(bundle: Path, n_threads: int, runs: int, new_tokens: int) -> dict:
     """`hyflash simulate BUNDLE --threads N --max-new-tokens M`, in this process, with
     spinning on and off alternately; the report's summary of each run."""
-    from hyflash.runtime import simulate
+    from hyflash.simulate import command as simulate
 
     p = argparse.ArgumentParser()
     simulate.add_arguments(p)

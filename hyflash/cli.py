@@ -196,7 +196,7 @@ COMMANDS: dict[str, Command] = {
         "run the phone's speculative loop on the desktop with ONNX Runtime",
         "Run the exported graphs exactly as the phone would and report acceptance (tau), "
         "speed against plain decoding, and memory.",
-        lazy_args("hyflash.runtime.simulate"), lazy_run("hyflash.runtime.simulate")),
+        lazy_args("hyflash.simulate.command"), lazy_run("hyflash.simulate.command")),
     "generate": Command(
         "generate text with speculative decoding and print the stats",
         "Stream tokens from a target (optionally with a drafter) and report tau, "

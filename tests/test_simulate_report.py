@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 from hyflash.bundle import Bundle, parse_manifest
 from hyflash.bundle.describe import describe
-from hyflash.runtime.simulate_report import Report
 from hyflash.runtime.stats import GenerationStats
+from hyflash.simulate.report import Report
 
 DATA = Path(__file__).parent / "data"
 MANIFEST = parse_manifest(json.loads((DATA / "manifest_v1_kv.json").read_text()))

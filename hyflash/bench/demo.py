@@ -116,7 +116,7 @@ def simulate(folder: Path, prompts: list[str], args, stream: bool) -> dict:
     from hyflash.models.tokenizer import load_tokenizer
     from hyflash.runtime.engine import SpeculativeEngine
     from hyflash.runtime.open_bundle import open_bundle
-    from hyflash.runtime.simulate_report import Report
+    from hyflash.simulate.report import Report
 
     torch.set_num_threads(args.threads)
     with native_stderr_quiet():  # runtimes' own load-time logging (cpuinfo, thread pool)

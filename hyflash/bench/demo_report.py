@@ -73,7 +73,7 @@ def summary_md(results: dict, args, seconds: float, bundles: dict) -> str:
 
 
 def write(out: Path, results: dict, bundles: dict, args, seconds: float) -> list[Path]:
-    from hyflash.runtime.simulate_report import clean
+    from hyflash.simulate.report import clean
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -13,7 +13,7 @@ from hyflash.argtypes import (
     unit_interval,
 )
 from hyflash.errors import HyflashError
-from hyflash.runtime.draft_rows import ROWS_HELP, parse_policy, policy_arg
+from hyflash.runtime import round_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,15 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "Core ML (macOS), as the phone would")
     src.add_argument("--no-draft", action="store_true",
                      help="plain autoregressive decoding through the same engine (baseline)")
-    p.add_argument("--lookup", action="store_true",
-                   help="draft by copying from the context where its last tokens occurred "
-                        "before, with the drafter elsewhere (lossless; runtime/lookup.py)")
-    p.add_argument("--adaptive", action="store_true",
-                   help="each round, take whichever of the lookup (with --lookup), the drafter "
-                        "and a plain one-token decode has committed the most tokens per "
-                        "second so far (measured; still lossless; runtime/gate.py)")
-    p.add_argument("--draft-rows", type=policy_arg, default="all", metavar="all|auto|P",
-                   help=ROWS_HELP)
+    round_options.add_arguments(p)
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 = greedy (default)")
@@ -83,7 +75,6 @@ def open_engine(args: argparse.Namespace):
     import torch
 
     from hyflash.models.tokenizer import load_tokenizer
-    from hyflash.runtime import SpeculativeEngine
 
     check_modes(args)
     torch.set_num_threads(args.threads)  # the engine's own tensor work, in both modes
@@ -110,17 +101,8 @@ def open_engine(args: argparse.Namespace):
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     drafter = None if args.no_draft else drafter
-    lookup = None
-    if args.lookup:
-        from hyflash.runtime.lookup import ContextLookup
-
-        lookup = ContextLookup(block_size=drafter.block_size if drafter else 8)
-    gate = None
-    if args.adaptive:
-        from hyflash.runtime.gate import RateGate
-
-        gate = RateGate()
-    engine = SpeculativeEngine(target, drafter, lookup, gate, parse_policy(args.draft_rows))
+    engine = round_options.engine(args, target, drafter,
+                                  drafter.block_size if drafter else 8)
     return engine, tokenizer, sorted(eos)
 
 

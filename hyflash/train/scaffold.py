@@ -1,7 +1,7 @@
 """What every training run here shares: the learning-rate schedule and checkpoints.
 
 The drafter loop (``train/loop.py``) and the pocket model's build
-(``models/pocket/build.py``) both warm up linearly, decay on a cosine to a floor, and
+(``train/pocket_target.py``) both warm up linearly, decay on a cosine to a floor, and
 checkpoint atomically so that an interrupted run resumes where it stopped.
 """
 

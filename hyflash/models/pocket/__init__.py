@@ -1,7 +1,7 @@
 """The pocket model: the embedded default target (a small Python code LM).
 
 `path()` is the one place the rest of the code asks for the default model; the folder
-is a plain Hugging Face model folder built by `python -m hyflash.models.pocket.build`.
+is a plain Hugging Face model folder built by `python -m hyflash.train.pocket_target`.
 `drafter_path(arch)` gives its shipped drafters (`hyflash train --target pocket`).
 """
 
@@ -19,7 +19,7 @@ def path() -> Path:
     folder = HERE / "model"
     if not (folder / "model.safetensors").exists():
         raise HyflashError(f"the pocket model is missing from {folder}; rebuild it with "
-                           "`python -m hyflash.models.pocket.build --out " f"{folder}`")
+                           "`python -m hyflash.train.pocket_target --out " f"{folder}`")
     return folder
 
 

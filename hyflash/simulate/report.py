@@ -1,6 +1,6 @@
 """The simulation report: totals over prompts, a terminal table, JSON and a PNG plot.
 
-Kept apart from ``simulate`` (which runs the engines) so the numbers and their
+Kept apart from ``command`` (which runs the engines) so the numbers and their
 presentation can be read, and tested, on their own. Rates are totals over prompts
 (sum of tokens / sum of seconds), not means of per-prompt rates, so long generations
 weigh what they cost. A prompt that stops (EOS) after fewer than ``MIN_SPEEDUP_TOKENS``

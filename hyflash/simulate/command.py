@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hyflash.argtypes import DEFAULT_THREADS, nonneg_float, nonneg_int, positive_int, threads
 from hyflash.errors import HyflashError
-from hyflash.runtime.draft_rows import ROWS_HELP, policy_arg
+from hyflash.runtime import round_options
 
 # Built-in prompts: Python code, what the embedded pocket model was trained on; one long
 # prompt so that the drafter's window and memory both matter.
@@ -59,16 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cores are capped)")
     p.add_argument("--out", metavar="REPORT_DIR",
                    help="also write report.json, report.txt and report.png here")
-    p.add_argument("--lookup", action="store_true",
-                   help="draft by copying from the context where its last tokens occurred "
-                        "before (prompt lookup), with the drafter where they did not; still "
-                        "lossless (runtime/lookup.py)")
-    p.add_argument("--adaptive", action="store_true",
-                   help="each round, take whichever of the lookup (with --lookup), the drafter "
-                        "and a plain one-token decode has committed the most tokens per "
-                        "second so far (measured; still lossless; runtime/gate.py)")
-    p.add_argument("--draft-rows", type=policy_arg, default="all", metavar="all|auto|P",
-                   help=ROWS_HELP)
+    round_options.add_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--device", metavar="NAME",
                    help="also project phone decode speed and memory on this device profile "
@@ -131,12 +122,9 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from hyflash.models.tokenizer import load_tokenizer
-    from hyflash.runtime.draft_rows import parse_policy
     from hyflash.runtime.engine import SpeculativeEngine
-    from hyflash.runtime.gate import RateGate
-    from hyflash.runtime.lookup import ContextLookup
     from hyflash.runtime.open_bundle import open_bundle
-    from hyflash.runtime.simulate_report import Report
+    from hyflash.simulate.report import Report
 
     check_args(args)
     if args.device:
@@ -159,10 +147,8 @@ def run(args: argparse.Namespace) -> int:
                                "small for the built-in prompts: pass --prompts FILE")
     for i, p in enumerate(ids):
         check_prompt(p, i, target.max_seq_len, room)
-    lookup = ContextLookup(block_size=drafter.block_size) if args.lookup else None
-    gate = RateGate() if args.adaptive else None
     plain = SpeculativeEngine(target)
-    spec = SpeculativeEngine(target, drafter, lookup, gate, parse_policy(args.draft_rows))
+    spec = round_options.engine(args, target, drafter, drafter.block_size)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
               seed=args.seed, eos_ids=sorted(eos))
     # warm-up: the first ONNX Runtime calls allocate and plan; keep them out of the numbers

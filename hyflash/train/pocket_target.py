@@ -224,7 +224,7 @@ hashes (sha1 mod 100) below {HELDOUT_PERCENT} are held out: {stats['n_heldout_fi
 {args.lr}, {args.short_seq}-token sequences for 70% of the steps and \
 {c['max_position_embeddings']} after; {stats['train_seconds']:.0f} s of training on \
 {stats['machine']}.
-- Command: `python -m hyflash.models.pocket.build --out DIR` (seed {args.seed}).
+- Command: `python -m hyflash.train.pocket_target --out DIR` (seed {args.seed}).
 
 ## Held-out quality
 Loss {stats['heldout_loss']:.3f} nats/token, perplexity {math.exp(stats['heldout_loss']):.1f}, \
@@ -245,7 +245,7 @@ attribution that the PSF License asks of derived works.
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        prog="python -m hyflash.models.pocket.build",
+        prog="python -m hyflash.train.pocket_target",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
