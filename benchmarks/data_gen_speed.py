@@ -291,10 +291,19 @@ def render(args, rows) -> str:
               "than the longest measured one are extrapolated):", "",
               "| prompt mix | batches | mean prompt | prompt tokens | prefill h | decode h | "
               "other h | total h |", "|---|---|---|---|---|---|---|---|"]
+    longest = max(length for (n, length, impl) in rows
+                  if impl == "after" and n == args.project_batch)
     for label, context in (("`hyflash train` default (prompts up to 1920)", 4096),
                            ("`--max-seq-len 1152` (prompts up to 1024)", 1152)):
         lengths = default_mix(args.budget, args.project_batch, context, args.budget_gen_len)
         t = project(rows, args.project_batch, args.budget_gen_len, lengths)
+        bad = [k for k, v in t.items() if v < 0]
+        if bad:  # a fit from short prompts carried far past them can go below zero
+            lines.append(f"| {label} | {len(lengths)} | {np.mean(lengths):.0f} | not "
+                         f"projected: the fit from prompts of at most {longest} tokens gives "
+                         f"a negative {' and '.join(bad)} at {max(lengths)}; measure longer "
+                         f"prompts (`--config {args.project_batch}x512`) |||||")
+            continue
         lines.append(f"| {label} | {len(lengths)} | {np.mean(lengths):.0f} | "
                      f"{sum(lengths) * args.project_batch / 1e6:.2f}M | "
                      f"{t['prefill'] / 3600:.2f} | {t['decode'] / 3600:.2f} | "
