@@ -35,7 +35,8 @@ continuations (``command.grown_from``).
                                                       # target's last two decoder layers
     python benchmarks/smollm2_drafter.py --init RUN --sequences 8192 --steps 2000 \
         --eval-every 500 --lr 5e-4   # train RUN (a drafter folder) further: the second
-                                     # step of what ships since 2026-12-06 evening
+                                     # step of what ships; its third is the same with
+                                     # --init RUN2 --sequences 24960 (since 2026-12-07)
     python benchmarks/smollm2_drafter.py --ship       # the drafter in --out -> benchmarks/drafters/
                                                       # smollm2-hyflash in float16 (then commit)
 
