@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from hyflash.models import pocket
-from hyflash.models.pocket import build
 from hyflash.models.target import Target
+from hyflash.train import pocket_target as build
 
 torch.set_num_threads(1)
 
