@@ -101,8 +101,7 @@ def open_engine(args: argparse.Namespace):
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     drafter = None if args.no_draft else drafter
-    engine = round_options.engine(args, target, drafter,
-                                  drafter.block_size if drafter else 8)
+    engine = round_options.engine(args, target, drafter)
     return engine, tokenizer, sorted(eos)
 
 

@@ -23,14 +23,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=ROWS_HELP)
 
 
-def engine(args: argparse.Namespace, target, drafter, block_size: int):
+def engine(args: argparse.Namespace, target, drafter):
     """The speculative engine over ``target`` and ``drafter`` (None: plain decoding, or
-    lookup alone) with the rounds ``args`` asked for; ``block_size`` sizes the lookup's
-    drafts when there is no drafter."""
+    lookup alone) with the rounds ``args`` asked for; the lookup drafts blocks of the
+    drafter's size, or of its own default without a drafter."""
     from hyflash.runtime.engine import SpeculativeEngine
     from hyflash.runtime.gate import RateGate
     from hyflash.runtime.lookup import ContextLookup
 
-    lookup = ContextLookup(block_size=block_size) if args.lookup else None
+    lookup = None
+    if args.lookup:
+        lookup = ContextLookup() if drafter is None else ContextLookup(
+            block_size=drafter.block_size)
     gate = RateGate() if args.adaptive else None
     return SpeculativeEngine(target, drafter, lookup, gate, parse_policy(args.draft_rows))

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     for i, p in enumerate(ids):
         check_prompt(p, i, target.max_seq_len, room)
     plain = SpeculativeEngine(target)
-    spec = round_options.engine(args, target, drafter, drafter.block_size)
+    spec = round_options.engine(args, target, drafter)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
               seed=args.seed, eos_ids=sorted(eos))
     # warm-up: the first ONNX Runtime calls allocate and plan; keep them out of the numbers
