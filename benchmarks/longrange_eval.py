@@ -130,9 +130,9 @@ class ReusedPrefill(TorchTarget):
 
     saved: tuple | None = None
 
-    def forward(self, tokens, start_pos):
+    def forward(self, tokens, start_pos, logits_rows=None):
         if start_pos != 0:
-            return super().forward(tokens, start_pos)
+            return super().forward(tokens, start_pos, logits_rows)
         key = torch.as_tensor(tokens).reshape(-1).tolist()
         caches = [layer.self_attn.kv_cache for layer in self.model.layers]
         t = len(key)
@@ -141,7 +141,7 @@ class ReusedPrefill(TorchTarget):
                 c.k[:, :, :t], c.v[:, :, :t] = k, v
             self.length = t
             return self.saved[1]
-        out = super().forward(tokens, start_pos)
+        out = super().forward(tokens, start_pos, logits_rows)
         self.saved = (key, out, [(c.k[:, :, :t].clone(), c.v[:, :, :t].clone()) for c in caches])
         return out
 

@@ -219,8 +219,8 @@ class Stopwatch:
         self.spent[method] = self.spent.get(method, 0.0) + time.perf_counter() - t
         return out
 
-    def forward(self, tokens, start_pos):
-        return self.timed("forward", tokens, start_pos)
+    def forward(self, tokens, start_pos, logits_rows=None):
+        return self.timed("forward", tokens, start_pos, logits_rows)
 
     def rollback(self, pos):
         return self.timed("rollback", pos)

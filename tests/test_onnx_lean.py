@@ -15,7 +15,7 @@ import torch
 
 from hyflash.bundle import read_bundle
 from hyflash.export.bundle import export_onnx_bundle, requantize_bundle
-from hyflash.export.onnx_lean import LEAN_FILE, export_lean_target, lean_io_names
+from hyflash.export.onnx_lean import KV_CACHE, LEAN_FILE, export_lean_target, lean_io_names
 from hyflash.models.target import Target, TargetConfig
 from hyflash.runtime import SpeculativeEngine, TorchTarget
 from hyflash.runtime.onnx_backend import load_onnx_pair
@@ -105,8 +105,9 @@ def assign(ref: Target, node: str, weight: torch.Tensor) -> None:
 
 
 def lean(path, target: Target) -> OnnxLeanTarget:
-    ins, outs = lean_io_names(target.cfg.num_hidden_layers)
-    return OnnxLeanTarget(session(path), target.cfg, (ins[3:], outs[3:]))
+    n = target.cfg.num_hidden_layers
+    return OnnxLeanTarget(session(path), target.cfg, (KV_CACHE.names(KV_CACHE.past_inputs, n),
+                                                      KV_CACHE.names(KV_CACHE.present_outputs, n)))
 
 
 def calls(vocab: int) -> list[tuple[list[int], int]]:
@@ -134,6 +135,13 @@ def assert_same_calls(onnx_target: OnnxLeanTarget, ref: Target, atol: float) -> 
         torch.testing.assert_close(features, want_features[0], atol=atol, rtol=0)
         assert np.array_equal(onnx_target.run(np.array(tokens), start)[0]["argmax"],
                               logits.argmax(-1).numpy())  # the graph's own argmax agrees
+        for rows in {1, 2, len(tokens)}:  # the LM head over the last rows only (a prefill: 1)
+            if rows <= len(tokens):
+                onnx_target.rollback(start)
+                last, again = onnx_target.forward(torch.tensor(tokens), start, logits_rows=rows)
+                assert last.shape == (rows, ref.cfg.vocab_size)
+                torch.testing.assert_close(last, logits[-rows:], atol=1e-5, rtol=0)
+                assert torch.equal(again, features)
         onnx_target.rollback(start + len(tokens))
 
 
@@ -174,10 +182,46 @@ def test_a_bundle_records_the_lean_form_and_opens_with_its_backend(bundles, pock
     ins, outs = lean_io_names(pocket.cfg.num_hidden_layers)
     target = m.model("target")
     assert [s.name for s in target.inputs] == ins and [s.name for s in target.outputs] == outs
-    assert target.inputs[3].shape == (1, 4, pocket.cfg.max_seq_len, 32)  # static buffer
+    assert target.inputs[3].name == "logits_rows"
+    assert target.inputs[4].shape == (1, 4, pocket.cfg.max_seq_len, 32)  # static buffer
     assert m.quantization.graphs["target"]["quantized_nodes"] == 31
     _, backend, _ = load_onnx_pair(bundles["int4"], threads=1)
     assert isinstance(backend, OnnxLeanTarget)
+
+
+def test_a_lean_graph_exported_before_logits_rows_still_runs(graphs, pocket, tmp_path):
+    """Bundles exported before the graph took logits_rows compute every row's logits;
+    the backend returns the rows asked for all the same, and the manifest check takes
+    the older role's I/O."""
+    from hyflash.bundle import Manifest
+
+    path, _ = graphs["fp32"]
+    model = onnx.load(str(path))
+    g = model.graph
+    head = next(n for n in g.node if "logits" in n.output)
+    head.input[0] = next(n for n in g.node if n.name == "logits_rows/slice").input[0]
+    keep = [n for n in g.node if not n.name.startswith("logits_rows/")]
+    del g.node[:]
+    g.node.extend(keep)
+    old_inputs = [i for i in g.input if i.name != "logits_rows"]
+    del g.input[:]
+    g.input.extend(old_inputs)
+    old = tmp_path / "old.onnx"
+    onnx.save_model(model, str(old))
+    target = lean(old, pocket)
+    assert not target.takes_rows
+    tokens = torch.arange(5, 25)
+    logits, _ = target.forward(tokens, 0)
+    target.rollback(0)
+    last, _ = target.forward(tokens, 0, logits_rows=1)
+    assert logits.shape[0] == 20 and torch.equal(last, logits[-1:])
+    with pytest.raises(ValueError, match="logits_rows 21 is not within 1..20"):
+        target.forward(tokens, 0, logits_rows=21)
+
+    d = read_bundle(graphs["fp32"][0].parent).manifest.to_dict()
+    d["models"]["target"]["inputs"] = [s for s in d["models"]["target"]["inputs"]
+                                       if s["name"] != "logits_rows"]
+    Manifest.from_dict(d).check("the bundle")  # the older I/O passes the check
 
 
 @pytest.mark.parametrize("recipe", ["fp32", "int4"])

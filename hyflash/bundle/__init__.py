@@ -19,7 +19,9 @@ Format history (``FORMAT_VERSION``; bump on every change, keep a reader for the 
    inside a runtime; ``kv_cache.form``: ``past_present`` (optimum's explicit KV I/O) or
    ``in_place`` (the lean target graph's static buffers, ``TARGET_ROLES``). Added
    later, optional: ``shared_weights`` (an initializer several graphs share, stored once:
-   ``SharedWeight``), ``drafter.config.draft_vocab`` (0 when absent).
+   ``SharedWeight``), ``drafter.config.draft_vocab`` (0 when absent), the ``in_place``
+   target's ``logits_rows`` input (``Role.optional_inputs``: logits of the last rows only,
+   so a prefill skips the LM head over its other rows; without it a call returns all).
 
 Backends plug in through ``ROLES``: the graph roles a backend's bundle holds, which model
 of the pair each runs and the named I/O a runtime binds (an ExecuTorch program's methods
@@ -70,6 +72,7 @@ class Role:
     model: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    optional_inputs: tuple[str, ...] = ()  # added to the role later: older bundles lack them
 
 
 ROLES: dict[str, dict[str, Role]] = {
@@ -100,7 +103,7 @@ KV_IN_PROGRAM = ("mutable_buffers", "state")  # kv_cache.forms of a cache that i
 # the target role's named I/O when its KV cache form is not ROLES' past/present one
 TARGET_ROLES: dict[str, Role] = {
     "in_place": Role("target", ("input_ids", "seqlens_k", "total_sequence_length"),
-                     ("logits", "argmax", "features")),
+                     ("logits", "argmax", "features"), optional_inputs=("logits_rows",)),
 }
 
 
@@ -232,7 +235,9 @@ class Manifest:
             if self.file_bytes(c.file) is None:
                 raise ManifestError(f"{path}.file", f"names {c.file}, which files does not list")
             spec = self.role(role)
-            ins, outs = list(spec.inputs), list(spec.outputs)
+            have = {s.name for s in c.inputs}
+            ins = [*spec.inputs, *(n for n in spec.optional_inputs if n in have)]
+            outs = list(spec.outputs)
             if spec.model == "target":
                 if self.kv_cache.form not in KV_IN_PROGRAM:
                     ins, outs = ins + past, outs + present

@@ -27,18 +27,21 @@ from hyflash.errors import HyflashError
 class TargetBackend(Protocol):
     """The target LLM with its own KV cache (batch 1).
 
-    ``forward(tokens [T], start_pos)`` writes the cache at ``start_pos .. start_pos+T-1``
-    and returns ``(logits float32 [T, V], features [T, F])``: row ``i`` holds the
-    distribution over the token at position ``start_pos+i+1`` and the features of the
-    token at ``start_pos+i``. ``rollback(pos)`` makes ``pos`` the cache length again;
-    entries beyond it are dead and get overwritten by the next forward.
+    ``forward(tokens [T], start_pos, logits_rows=None)`` writes the cache at ``start_pos ..
+    start_pos+T-1`` and returns ``(logits float32 [R, V], features [T, F])``: features row
+    ``i`` are the features of the token at ``start_pos+i``, and the logits are those of the
+    last R = ``logits_rows`` tokens (None: all T), row ``j`` the distribution over the
+    token after the call's token ``T-R+j``. A prefill asks for one row (a backend whose
+    graph can skip the LM head over the others does). ``rollback(pos)`` makes ``pos`` the
+    cache length again; entries beyond it are dead and get overwritten by the next forward.
     """
 
     vocab_size: int
     max_seq_len: int
     feature_size: int
 
-    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, start_pos: int,
+                logits_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
     def rollback(self, pos: int) -> None:
@@ -91,6 +94,17 @@ def min_rows(manifest, role: str = "target") -> int:
     return int(manifest.quantization.graphs.get(role, {}).get("min_rows", 1))
 
 
+def last_rows(logits, logits_rows: int | None):
+    """The logits of a call's last ``logits_rows`` tokens (None: all), for a backend that
+    computes every row's."""
+    if logits_rows is None:
+        return logits
+    if not 1 <= logits_rows <= logits.shape[0]:
+        raise ValueError(f"logits_rows {logits_rows} is not within 1..{logits.shape[0]}, "
+                         "the call's tokens")
+    return logits[-logits_rows:]
+
+
 def pad_rows(tokens, rows: int):
     """tokens [T] (numpy int64) with pad ids (0) appended up to ``rows``. The caller
     drops the pad rows' outputs; their cache rows lie past the valid length, so the next
@@ -129,7 +143,8 @@ class TorchTarget:
             target.setup_cache(1)
         self.length = 0  # positions of the cache that hold valid keys/values
 
-    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, start_pos: int,
+                logits_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         end = check_span(start_pos, tokens.numel(), self.length, self.max_seq_len)
         with torch.inference_mode():
@@ -138,7 +153,7 @@ class TorchTarget:
             else:
                 logits, features = self.model(tokens[None], start_pos)
         self.length = end
-        return logits[0].float(), features[0].float()
+        return last_rows(logits[0], logits_rows).float(), features[0].float()
 
     def rollback(self, pos: int) -> None:
         self.length = rolled_back(pos, self.length)

@@ -32,7 +32,7 @@ import torch
 
 from hyflash.bundle import REEXPORT, Bundle, read_bundle
 from hyflash.errors import HyflashError
-from hyflash.runtime.backends import check_span, rolled_back
+from hyflash.runtime.backends import check_span, last_rows, rolled_back
 from hyflash.runtime.executorch_backend import ExecuTorchDrafter
 
 PACKAGE_FORMAT = "1"  # hyflash.export.coreml.FORMAT of the packages this reads
@@ -140,7 +140,8 @@ class CoreMLTarget:
         else:
             self.kv = [torch.zeros(s.shape, dtype=torch.float16) for s in self.kv_specs]
 
-    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, start_pos: int,
+                logits_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         end = check_span(start_pos, ids.numel(), self.length, self.max_seq_len)
         logits, features, at = [], [], 0
@@ -157,7 +158,7 @@ class CoreMLTarget:
             features.append(out[1][0, :real].float())
             at += real
         self.length = end
-        return torch.cat(logits), torch.cat(features)
+        return last_rows(torch.cat(logits), logits_rows), torch.cat(features)
 
     def rollback(self, pos: int) -> None:
         self.length = rolled_back(pos, self.length)

@@ -148,7 +148,7 @@ class SpeculativeEngine:
 
         # prefill: the prompt in one pass; its features go to the drafter
         with clock("prefill_s"):
-            logits, features = target.forward(torch.tensor(prompt), 0)
+            logits, features = target.forward(torch.tensor(prompt), 0, logits_rows=1)
         stats.target_calls += 1
         if drafter is not None:
             with clock("draft_s"):

@@ -28,7 +28,7 @@ import torch
 from hyflash.bundle import REEXPORT, Bundle, read_bundle
 from hyflash.bundle.records import ModelContract
 from hyflash.errors import HyflashError
-from hyflash.runtime.backends import check_span, rolled_back
+from hyflash.runtime.backends import check_span, last_rows, rolled_back
 
 PROGRAM_FORMAT = 2  # hyflash.export.executorch.FORMAT of the programs this reads
 SCALAR_TYPES = {4: "int64", 6: "float32", 3: "int32", 11: "bool", 5: "float16", 15: "bfloat16"}
@@ -116,7 +116,8 @@ class ExecuTorchTarget:
     def reset(self) -> None:
         self.length = 0
 
-    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, start_pos: int,
+                logits_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(tokens, dtype=torch.long).reshape(1, -1)
         end = check_span(start_pos, ids.shape[1], self.length, self.max_seq_len)
         logits, features = [], []
@@ -126,8 +127,8 @@ class ExecuTorchTarget:
             features.append(self.features.execute(args)[0][0])
         self.length = end
         if len(logits) == 1:
-            return logits[0], features[0]
-        return torch.cat(logits), torch.cat(features)
+            return last_rows(logits[0], logits_rows), features[0]
+        return last_rows(torch.cat(logits), logits_rows), torch.cat(features)
 
     def rollback(self, pos: int) -> None:
         self.length = rolled_back(pos, self.length)

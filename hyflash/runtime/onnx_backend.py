@@ -42,7 +42,7 @@ import torch
 
 from hyflash.bundle import Bundle, read_bundle
 from hyflash.errors import HyflashError
-from hyflash.runtime.backends import TargetBackend, check_span
+from hyflash.runtime.backends import TargetBackend, check_span, last_rows
 from hyflash.runtime.onnx_session import make_session
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
@@ -94,10 +94,12 @@ class OnnxTarget:
         self.length = end
         return out
 
-    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, start_pos: int,
+                logits_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1).numpy()
         out = self.run(ids, start_pos)
-        return torch.from_numpy(out["logits"][0]), torch.from_numpy(out["features"][0])
+        return (torch.from_numpy(last_rows(out["logits"][0], logits_rows)),
+                torch.from_numpy(out["features"][0]))
 
     def rollback(self, pos: int) -> None:
         if not 0 <= pos <= self.length:

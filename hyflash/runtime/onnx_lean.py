@@ -56,6 +56,8 @@ class OnnxLeanTarget:
             value = ort.OrtValue.ortvalue_from_numpy(buf)  # shares buf's memory
             self.io.bind_ortvalue_input(name_in, value)
             self.io.bind_ortvalue_output(name_out, value)
+        # bundles exported before the graph took logits_rows return every row's logits
+        self.takes_rows = "logits_rows" in {i.name for i in session.get_inputs()}
         self.out: dict[str, np.ndarray] = {}
         self.reset()
 
@@ -63,43 +65,57 @@ class OnnxLeanTarget:
         """A new sequence: length 0. The buffers keep stale rows that are never read."""
         self.length = 0
 
-    def _buffers(self, t: int) -> tuple[dict[str, np.ndarray], bool]:
-        """Output arrays for a call of t tokens -> (arrays, whether they are kept and
-        reused by the next call). Calls of up to REUSE_ROWS tokens (decode, verify) reuse
-        one set; a longer call (a prefill) gets its own."""
-        if t > REUSE_ROWS:
-            return self._alloc(t), False
+    def _buffers(self, rows: int, logit_rows: int) -> tuple[dict[str, np.ndarray], bool]:
+        """Output arrays for a call of ``rows`` tokens whose last ``logit_rows`` get logits
+        -> (arrays, whether they are kept and reused by the next call). Calls of up to
+        REUSE_ROWS tokens (decode, verify) reuse one set; a longer call (a prefill) gets
+        its own."""
+        if rows > REUSE_ROWS:
+            return self._alloc(rows, logit_rows), False
         if not self.out:
-            self.out = self._alloc(REUSE_ROWS)
-        return {k: v[:, :t] for k, v in self.out.items()}, True
+            self.out = self._alloc(REUSE_ROWS, REUSE_ROWS)
+        return {"logits": self.out["logits"][:, :logit_rows],
+                "argmax": self.out["argmax"][:, :logit_rows],
+                "features": self.out["features"][:, :rows]}, True
 
-    def _alloc(self, rows: int) -> dict[str, np.ndarray]:
-        return {"logits": np.empty((1, rows, self.vocab_size), np.float32),
-                "argmax": np.empty((1, rows), np.int64),
+    def _alloc(self, rows: int, logit_rows: int) -> dict[str, np.ndarray]:
+        return {"logits": np.empty((1, logit_rows, self.vocab_size), np.float32),
+                "argmax": np.empty((1, logit_rows), np.int64),
                 "features": np.empty((1, rows, self.feature_size), np.float32)}
 
-    def run(self, tokens: np.ndarray, start_pos: int) -> tuple[dict[str, np.ndarray], bool]:
-        """One graph call over tokens [T] at start_pos -> (logits [T, V], argmax [T],
-        features [T, F], and whether they are this backend's kept buffers, which the
-        next call overwrites)."""
+    def run(self, tokens: np.ndarray, start_pos: int,
+            logits_rows: int | None = None) -> tuple[dict[str, np.ndarray], bool]:
+        """One graph call over tokens [T] at start_pos -> (logits [R, V] and argmax [R]
+        of the last R = logits_rows tokens (None: all T), features [T, F], and whether
+        they are this backend's kept buffers, which the next call overwrites)."""
         t = tokens.shape[0]
+        r = t if logits_rows is None else logits_rows
+        if not 1 <= r <= t:
+            raise ValueError(f"logits_rows {r} is not within 1..{t}, the call's tokens")
         end = check_span(start_pos, t, self.length, self.max_seq_len)
         ids = pad_rows(np.ascontiguousarray(tokens, np.int64), self.min_rows)
         rows = ids.shape[0]
+        pad = rows - t  # pad rows come last; the graph computes at least min_rows rows'
+        k = min(rows, max(r + pad, self.min_rows)) if self.takes_rows else rows  # logits
         io = self.io
         io.bind_cpu_input("input_ids", ids.reshape(1, rows))
         io.bind_cpu_input("seqlens_k", np.array([start_pos + rows - 1], np.int32))
         io.bind_cpu_input("total_sequence_length", np.array(start_pos + rows, np.int32))
-        bufs, kept = self._buffers(rows)
+        if self.takes_rows:
+            io.bind_cpu_input("logits_rows", np.array([k], np.int64))
+        bufs, kept = self._buffers(rows, k)
         for name, buf in bufs.items():  # all three: a bound output stays bound
             io.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
         self.session.run_with_iobinding(io)
         self.length = end
-        return {name: buf[0, :t] for name, buf in bufs.items()}, kept
+        lo = k - pad - r  # the last r real rows of the k computed
+        return {"logits": bufs["logits"][0, lo:lo + r], "argmax": bufs["argmax"][0, lo:lo + r],
+                "features": bufs["features"][0, :t]}, kept
 
-    def forward(self, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, start_pos: int,
+                logits_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1).numpy()
-        out, kept = self.run(ids, start_pos)
+        out, kept = self.run(ids, start_pos, logits_rows)
         return own(out["logits"], kept), own(out["features"], kept)
 
     def rollback(self, pos: int) -> None:
