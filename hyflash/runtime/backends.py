@@ -94,15 +94,18 @@ def min_rows(manifest, role: str = "target") -> int:
     return int(manifest.quantization.graphs.get(role, {}).get("min_rows", 1))
 
 
+def logits_row_count(logits_rows: int | None, tokens: int) -> int:
+    """How many rows' logits a call of ``tokens`` tokens returns (None: all)."""
+    r = tokens if logits_rows is None else logits_rows
+    if not 1 <= r <= tokens:
+        raise ValueError(f"logits_rows {r} is not within 1..{tokens}, the call's tokens")
+    return r
+
+
 def last_rows(logits, logits_rows: int | None):
     """The logits of a call's last ``logits_rows`` tokens (None: all), for a backend that
     computes every row's."""
-    if logits_rows is None:
-        return logits
-    if not 1 <= logits_rows <= logits.shape[0]:
-        raise ValueError(f"logits_rows {logits_rows} is not within 1..{logits.shape[0]}, "
-                         "the call's tokens")
-    return logits[-logits_rows:]
+    return logits[-logits_row_count(logits_rows, logits.shape[0]):]
 
 
 def pad_rows(tokens, rows: int):

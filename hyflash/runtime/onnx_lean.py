@@ -24,7 +24,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hyflash.runtime.backends import check_span, min_rows, pad_rows, rolled_back
+from hyflash.runtime.backends import (
+    check_span,
+    logits_row_count,
+    min_rows,
+    pad_rows,
+    rolled_back,
+)
 from hyflash.runtime.onnx_session import make_session
 
 REUSE_ROWS = 16  # output buffers are kept for calls of up to this many tokens
@@ -89,9 +95,7 @@ class OnnxLeanTarget:
         of the last R = logits_rows tokens (None: all T), features [T, F], and whether
         they are this backend's kept buffers, which the next call overwrites)."""
         t = tokens.shape[0]
-        r = t if logits_rows is None else logits_rows
-        if not 1 <= r <= t:
-            raise ValueError(f"logits_rows {r} is not within 1..{t}, the call's tokens")
+        r = logits_row_count(logits_rows, t)
         end = check_span(start_pos, t, self.length, self.max_seq_len)
         ids = pad_rows(np.ascontiguousarray(tokens, np.int64), self.min_rows)
         rows = ids.shape[0]
