@@ -1,9 +1,9 @@
 """The ONNX ``8da4w`` recipe (int4 weights, int8 activations per block and row at run
 time: MatMulNBits accuracy level 4) stays lossless. The lean target graph's attention
 computes a call of one row slightly differently from the same row inside a longer call,
-and int8 activations amplify that, so its backend pads a one-token call to two rows: a
-decode then computes bit for bit what a verify computes. The optimum form needs no pad.
-Both forms, on the pocket pair."""
+and so does MatMulNBits on an AVX2 CPU in either form; int8 activations amplify that, so
+the backends of both forms pad a one-token call to two rows: a decode then computes bit
+for bit what a verify computes. Both forms, on the pocket pair."""
 
 import numpy as np
 import onnx
@@ -57,12 +57,13 @@ def decode_vs_verify(target, trials: int = 4) -> float:
     return worst
 
 
-def test_the_recipe_quantizes_activations_and_the_lean_target_records_two_rows(bundles):
+def test_the_recipe_quantizes_activations_and_both_target_forms_record_two_rows(bundles):
     m = read_bundle(bundles["lean"]).manifest
     assert m.quantization.recipe == "8da4w"
-    assert m.quantization.graphs["target"]["min_rows"] == 2
-    assert "min_rows" not in read_bundle(bundles["optimum"]).manifest.quantization.graphs[
-        "target"]
+    for name in bundles:
+        graphs = read_bundle(bundles[name]).manifest.quantization.graphs
+        assert graphs["target"]["min_rows"] == 2, name
+        assert "min_rows" not in graphs["drafter_step"], name
     from hyflash.bundle.describe import describe
 
     shown = describe(read_bundle(bundles["lean"]))  # what `hyflash inspect` prints
@@ -75,18 +76,26 @@ def test_the_recipe_quantizes_activations_and_the_lean_target_records_two_rows(b
         assert levels == {4}, role
 
 
-@pytest.mark.parametrize("name", ["lean", "lean-8da8w"])
+@pytest.mark.parametrize("name", [*FORMS, "lean-8da8w"])
 def test_a_padded_decode_computes_exactly_the_rows_of_a_verify(bundles, name):
     _, target, _ = load_onnx_pair(bundles[name], threads=1)
     assert target.min_rows == 2
     assert decode_vs_verify(target) == 0.0
-    target.min_rows = 1  # what a one-row call computes instead: why the backend pads
-    assert decode_vs_verify(target) > 1e-3
+    if name != "optimum":  # the optimum form's one row differs on some CPUs only (AVX2)
+        target.min_rows = 1  # what a one-row call computes instead: why the backend pads
+        assert decode_vs_verify(target) > 1e-3
 
 
-def test_the_optimum_form_computes_one_row_like_many_without_a_pad(bundles):
-    _, target, _ = load_onnx_pair(bundles["optimum"], threads=1)
-    assert decode_vs_verify(target) == 0.0
+def test_an_optimum_8da_bundle_without_the_record_is_padded_too():
+    """Optimum-form 8da bundles exported before the record covered that form say nothing
+    of min_rows; their int8 activations still get the pad."""
+    from hyflash.bundle.records import Quantization
+
+    level4 = {"target": {"accuracy_level": 4}, "drafter_step": {"accuracy_level": 4}}
+    assert Quantization("8da4w", level4).min_rows() == 2
+    assert Quantization("int4", {"target": {"weights": "int4"}}).min_rows() == 1
+    assert Quantization("fp32", {}).min_rows() == 1
+    assert Quantization("8da4w", {"target": {"accuracy_level": 4, "min_rows": 3}}).min_rows() == 3
 
 
 @pytest.mark.parametrize("name", [*FORMS, "lean-8da8w"])
@@ -95,11 +104,12 @@ def test_speculative_decoding_is_the_padded_plain_decode(bundles, name):
     assert_decodes_losslessly(target, drafter)
 
 
-def test_the_pad_row_costs_the_last_cache_position(bundles):
+@pytest.mark.parametrize("name", FORMS)
+def test_the_pad_row_costs_the_last_cache_position(bundles, name):
     """The usable context is the graph's minus one: a decode at the last usable position
     still has room for its pad, one more is refused in one line."""
-    _, target, _ = load_onnx_pair(bundles["lean"], threads=1)
-    cfg = read_bundle(bundles["lean"]).manifest.target.config
+    _, target, _ = load_onnx_pair(bundles[name], threads=1)
+    cfg = read_bundle(bundles[name]).manifest.target.config
     assert target.max_seq_len == cfg.max_seq_len - 1
     n = target.max_seq_len - 1
     target.forward(torch.arange(n) % 200 + 3, 0)

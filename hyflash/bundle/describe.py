@@ -72,7 +72,7 @@ def quantization(m) -> str:
     parts = [target.get("weights", "")]
     if target.get("accuracy_level"):
         parts.append(f"activations {target['activations']}")
-    if target.get("min_rows", 1) > 1:
-        parts.append(f"one-token calls run as {target['min_rows']} rows (a pad row, so "
+    if (rows := m.quantization.min_rows()) > 1:
+        parts.append(f"one-token calls run as {rows} rows (a pad row, so "
                      "that a decode computes what a verify row does)")
     return f"{m.quantization.recipe}: " + "; ".join(p for p in parts if p)

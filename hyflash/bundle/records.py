@@ -236,6 +236,14 @@ class Quantization:
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "graphs": self.graphs}
 
+    def min_rows(self, role: str = "target") -> int:
+        """The fewest rows a call of the role's graph may have to compute what the same rows
+        compute inside a longer call (``hyflash.export.quantize``): as recorded, else 2 for
+        a graph with int8 activations (optimum-form 8da bundles exported before the record
+        covered that form), else 1."""
+        graph = self.graphs.get(role, {})
+        return int(graph.get("min_rows", 2 if graph.get("accuracy_level") else 1))
+
 
 @dataclass(frozen=True)
 class TargetEntry:

@@ -28,9 +28,9 @@ from hyflash.export.onnx_lean import target_graph_form
 from hyflash.export.quantize import (
     check_recipe,
     check_source_blocks,
-    lean_min_rows,
     quantize,
     quiet_logger,
+    record_min_rows,
 )
 from hyflash.export.shared_weights import share_weights
 
@@ -95,10 +95,9 @@ def export_onnx_bundle(target_path: str | Path, drafter_dir: str | Path, out: st
             ox.export_drafter(drafter, s / ox.DRAFTER_FILE, s / ox.COMMIT_FILE)
             bar.update()
             bar.set_postfix_str(f"quantize {quant}")
-            recipe = lean_min_rows(strip_recipe({role: quantize(quant, s / name, tmp / name,
-                                                                source_blocks)
-                                                 for role, name in files.items()}),
-                                   kv_cache.form)
+            recipe = record_min_rows(strip_recipe({role: quantize(quant, s / name, tmp / name,
+                                                                  source_blocks)
+                                                   for role, name in files.items()}))
             shared = share_weights(tmp, files)
             bar.update()
             bar.set_postfix_str("check + tokenizer")
@@ -198,8 +197,8 @@ def requantize_bundle(src: str | Path, quant: str, out: str | Path,
         models = {role: ox.io_contract(tmp / m.file, role, m.commit_rows)
                   for role, m in old.models.items()}
         return replace(old, hyflash_version=__version__, models=models, files={},
-                       quantization=Quantization(recipe_name, lean_min_rows(
-                           strip_recipe(recipe), old.kv_cache.form)),
+                       quantization=Quantization(recipe_name, record_min_rows(
+                           strip_recipe(recipe))),
                        shared_weights=shared)
 
     return write_bundle(out, fill)

@@ -28,19 +28,23 @@ goes into the manifest, so a reader knows exactly which tool and settings made i
 per call over all T rows, so a verify of B tokens computes each row slightly differently
 from a decode of that row alone, and a near-tie can then make speculative output differ
 from the quantized target's own greedy decode. Weight-only recipes compute every row the
-same way whatever else is in the call: verification stays exactly lossless.
+same way whatever else is in the call (but for the last bits of a one-row call on an AVX2
+CPU, below, as float32 attention does): verification stays lossless.
 
 The 8da recipes scale each row on its own, so a row's result does not depend on the other
-rows of a call either, with one exception in the lean target graph: GroupQueryAttention
-takes another path for a call of ONE row, whose float32 results differ in the last bits
-(1e-5 on the pocket model's logits, harmless at fp32), and rounding activations to int8
-turns that into real differences (up to 1.1 in a SmolLM2-135M logit). The lean target of
-an 8da bundle therefore records ``min_rows: 2`` (``lean_min_rows``), and its backend runs
-a one-token call as two rows, the second a pad whose outputs are dropped and whose cache
-row the next call overwrites (``hyflash.runtime.backends.pad_rows``): a decode then
-computes bit for bit the row a verify computes, and the usable context is one position
-shorter than the graph's. The optimum form's attention computes one row like many, so it
-needs no pad (``tests/test_onnx_8da4w.py``).
+rows of a call either, except that a call of ONE row takes another path in two kernels:
+the lean target graph's GroupQueryAttention (on every CPU measured), and MatMulNBits
+itself on an AVX2 CPU (an AMD EPYC without AVX-512: 3-5e-6 between a row computed alone
+and the same row among 8, at every accuracy level, 0.0 between 2 rows and 8; on the
+AVX-512 Xeon it computes one row like many). Their float32 results differ in the last
+bits (1e-5 on the pocket model's logits, harmless at fp32 activations), and rounding
+activations to int8 turns that into real differences (up to 1.1 in a SmolLM2-135M logit).
+A target graph of an 8da bundle, in either form, therefore records ``min_rows: 2``
+(``record_min_rows``), and its backend runs a one-token call as two rows, the second a pad
+whose outputs are dropped and whose cache row the next call overwrites
+(``hyflash.runtime.backends.pad_rows``): a decode then computes bit for bit the row a
+verify computes, and the usable context is one position shorter than the graph's
+(``tests/test_onnx_8da4w.py``).
 """
 
 from __future__ import annotations
@@ -145,11 +149,11 @@ RECIPES: dict[str, Callable[[Path, Path], dict]] = {
     "fp32": fp32, **{name: matmul_nbits(*bits_level) for name, bits_level in NBITS.items()}}
 
 
-def lean_min_rows(graphs: dict[str, dict], kv_form: str) -> dict[str, dict]:
-    """graphs (role -> description) with ``min_rows: 2`` on a lean target graph whose
-    activations are quantized (see above); the others as they are."""
+def record_min_rows(graphs: dict[str, dict]) -> dict[str, dict]:
+    """graphs (role -> description) with ``min_rows: 2`` on a target graph whose
+    activations are quantized (see above), in either form; the others as they are."""
     target = graphs.get("target", {})
-    if kv_form != "in_place" or not target.get("accuracy_level"):
+    if not target.get("accuracy_level"):
         return graphs
     return {**graphs, "target": {**target, "min_rows": 2}}
 

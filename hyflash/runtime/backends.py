@@ -87,13 +87,6 @@ def check_span(start_pos: int, count: int, length: int, max_seq_len: int) -> int
     return end
 
 
-def min_rows(manifest, role: str = "target") -> int:
-    """The fewest rows a call of the role's graph may have to compute what the same rows
-    compute inside a longer call: 2 for ``8da4w`` ONNX graphs (``export/quantize.py``),
-    else 1."""
-    return int(manifest.quantization.graphs.get(role, {}).get("min_rows", 1))
-
-
 def logits_row_count(logits_rows: int | None, tokens: int) -> int:
     """How many rows' logits a call of ``tokens`` tokens returns (None: all)."""
     r = tokens if logits_rows is None else logits_rows

@@ -42,7 +42,7 @@ import torch
 
 from hyflash.bundle import Bundle, read_bundle
 from hyflash.errors import HyflashError
-from hyflash.runtime.backends import TargetBackend, check_span, last_rows
+from hyflash.runtime.backends import TargetBackend, check_span, last_rows, pad_rows
 from hyflash.runtime.onnx_session import make_session
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
@@ -55,7 +55,8 @@ class OnnxTarget:
         cfg = m.target.config
         self.session = make_session(bundle, "target", threads)
         self.vocab_size = cfg.vocab_size
-        self.max_seq_len = cfg.max_seq_len
+        self.min_rows = m.quantization.min_rows()  # 2 with int8 activations: a pad row
+        self.max_seq_len = cfg.max_seq_len - (self.min_rows - 1)
         self.feature_size = cfg.feature_size
         self.eos_token_ids = tuple(cfg.eos_token_ids)
         self.kv_shape = (1, cfg.num_key_value_heads, cfg.head_dim)
@@ -70,23 +71,29 @@ class OnnxTarget:
         self.length = 0  # positions of the cache that hold valid keys/values
 
     def run(self, tokens: np.ndarray, start_pos: int) -> dict[str, np.ndarray]:
-        """One graph call over tokens [T] at start_pos; returns the output arrays."""
+        """One graph call over tokens [T] at start_pos; returns the output arrays, whose
+        rows past T are a pad's (a call shorter than ``min_rows`` is padded to it; the
+        pad's cache rows lie past ``length`` and are sliced off by the next call)."""
         t = tokens.shape[0]
         end = check_span(start_pos, t, self.length, self.max_seq_len)
+        ids = pad_rows(np.ascontiguousarray(tokens, np.int64), self.min_rows)
+        rows = ids.shape[0]
         io = self.io
         io.clear_binding_inputs()
         io.clear_binding_outputs()
-        io.bind_cpu_input("input_ids", tokens.reshape(1, t))
-        io.bind_cpu_input("attention_mask", np.ones((1, end), np.int64))
-        io.bind_cpu_input("position_ids", np.arange(start_pos, end, dtype=np.int64)[None])
+        io.bind_cpu_input("input_ids", ids.reshape(1, rows))
+        io.bind_cpu_input("attention_mask", np.ones((1, start_pos + rows), np.int64))
+        io.bind_cpu_input("position_ids",
+                          np.arange(start_pos, start_pos + rows, dtype=np.int64)[None])
         for name, cache in zip(self.past_names, self.kv, strict=True):
             past = cache if cache.shape[2] == start_pos else cache[:, :, :start_pos]
             io.bind_cpu_input(name, np.ascontiguousarray(past))
         b, h, d = self.kv_shape
-        out = {"logits": np.empty((1, t, self.vocab_size), np.float32),
-               "features": np.empty((1, t, self.feature_size), np.float32),
-               "argmax": np.empty((1, t), np.int64)}
-        out.update({n: np.empty((b, h, end, d), self.kv_dtype) for n in self.present_names})
+        out = {"logits": np.empty((1, rows, self.vocab_size), np.float32),
+               "features": np.empty((1, rows, self.feature_size), np.float32),
+               "argmax": np.empty((1, rows), np.int64)}
+        out.update({n: np.empty((b, h, start_pos + rows, d), self.kv_dtype)
+                    for n in self.present_names})
         for name, buf in out.items():
             io.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
         self.session.run_with_iobinding(io)
@@ -97,9 +104,9 @@ class OnnxTarget:
     def forward(self, tokens: torch.Tensor, start_pos: int,
                 logits_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1).numpy()
-        out = self.run(ids, start_pos)
-        return (torch.from_numpy(last_rows(out["logits"][0], logits_rows)),
-                torch.from_numpy(out["features"][0]))
+        out, t = self.run(ids, start_pos), ids.shape[0]
+        return (torch.from_numpy(last_rows(out["logits"][0, :t], logits_rows)),
+                torch.from_numpy(out["features"][0, :t]))
 
     def rollback(self, pos: int) -> None:
         if not 0 <= pos <= self.length:

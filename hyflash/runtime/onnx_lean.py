@@ -27,7 +27,6 @@ import torch
 from hyflash.runtime.backends import (
     check_span,
     logits_row_count,
-    min_rows,
     pad_rows,
     rolled_back,
 )
@@ -42,7 +41,7 @@ class OnnxLeanTarget:
     def __init__(self, session, cfg, kv_names: tuple[list[str], list[str]], min_rows: int = 1):
         """session: an InferenceSession of the lean graph; cfg: the target's TargetConfig;
         kv_names: the graph's past inputs and present outputs, layer by layer; min_rows:
-        the graph's fewest rows per call (``backends.min_rows``): a shorter call is padded
+        the graph's fewest rows per call (``Quantization.min_rows``): a shorter call is padded
         to it, and the last ``min_rows - 1`` cache positions are kept for the pad."""
         import onnxruntime as ort
 
@@ -134,7 +133,7 @@ def open_lean_target(bundle, threads: int = 0) -> OnnxLeanTarget:
     """The target of a bundle whose KV cache form is ``in_place``."""
     m = bundle.manifest
     return OnnxLeanTarget(make_session(bundle, "target", threads), m.target.config,
-                          m.kv_names(), min_rows(m))
+                          m.kv_names(), m.quantization.min_rows())
 
 
 def own(array: np.ndarray, kept: bool) -> torch.Tensor:
