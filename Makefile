@@ -32,7 +32,7 @@ $(NATIVE)/hyflash-run: $(STAMP) $(NATIVE_SRC)
 	touch $@
 
 test: lint native
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	$(VENV)/bin/hyflash demo
