@@ -86,13 +86,24 @@ def test_a_padded_decode_computes_exactly_the_rows_of_a_verify(bundles, name):
         assert decode_vs_verify(target) > 1e-3
 
 
-def test_an_optimum_8da_bundle_without_the_record_is_padded_too():
+def test_an_optimum_8da_bundle_without_the_record_is_padded_too(bundles, tmp_path):
     """Optimum-form 8da bundles exported before the record covered that form say nothing
-    of min_rows; their int8 activations still get the pad."""
+    of min_rows; their int8 activations still get the pad, and stay lossless."""
+    import json
+    import shutil
+
+    from hyflash.bundle import seal
     from hyflash.bundle.records import Quantization
 
-    level4 = {"target": {"accuracy_level": 4}, "drafter_step": {"accuracy_level": 4}}
-    assert Quantization("8da4w", level4).min_rows() == 2
+    old = tmp_path / "optimum-unrecorded"
+    shutil.copytree(bundles["optimum"], old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["quantization"]["graphs"]["target"]["min_rows"]
+    (old / "manifest.json").write_text(json.dumps(seal(manifest)))  # as an export wrote it
+    _, target, drafter = load_onnx_pair(old, threads=1)
+    assert target.min_rows == 2
+    assert decode_vs_verify(target) == 0.0
+    assert_decodes_losslessly(target, drafter)
     assert Quantization("int4", {"target": {"weights": "int4"}}).min_rows() == 1
     assert Quantization("fp32", {}).min_rows() == 1
     assert Quantization("8da4w", {"target": {"accuracy_level": 4, "min_rows": 3}}).min_rows() == 3
