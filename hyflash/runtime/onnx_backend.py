@@ -42,7 +42,13 @@ import torch
 
 from hyflash.bundle import Bundle, read_bundle
 from hyflash.errors import HyflashError
-from hyflash.runtime.backends import TargetBackend, check_span, last_rows, pad_rows
+from hyflash.runtime.backends import (
+    TargetBackend,
+    check_span,
+    last_rows,
+    pad_rows,
+    rolled_back,
+)
 from hyflash.runtime.onnx_session import make_session
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
@@ -109,9 +115,7 @@ class OnnxTarget:
                 torch.from_numpy(out["features"][0, :t]))
 
     def rollback(self, pos: int) -> None:
-        if not 0 <= pos <= self.length:
-            raise ValueError(f"cannot roll back to {pos}: the cache holds {self.length} positions")
-        self.length = pos
+        self.length = rolled_back(pos, self.length)
 
     def kv_bytes(self) -> int:
         return sum(c[:, :, :self.length].nbytes for c in self.kv)
