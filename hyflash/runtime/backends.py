@@ -104,7 +104,8 @@ def last_rows(logits, logits_rows: int | None):
 def pad_rows(tokens, rows: int):
     """tokens [T] (numpy int64) with pad ids (0) appended up to ``rows``. The caller
     drops the pad rows' outputs; their cache rows lie past the valid length, so the next
-    call overwrites them."""
+    call overwrites them (the lean graph's buffers) or slices them off (optimum's
+    presents)."""
     import numpy as np
 
     if tokens.shape[0] >= rows:
